@@ -1,0 +1,52 @@
+"""hora's wire dtypes and how NumPy arrays map onto them.
+
+bfloat16 has no NumPy dtype of its own: it travels as 16-bit storage (``uint16``) tagged
+``bfloat16``, and reductions widen it to float32 (see ``collectives/reduce_ops.py``). When the
+optional ``ml_dtypes`` package is installed, its ``bfloat16`` arrays are recognised directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DTYPES: tuple[str, ...] = (
+    "uint8", "int8", "uint16", "int16", "int32", "int64",
+    "float16", "bfloat16", "float32", "float64", "bool",
+)
+
+try:  # optional
+    import ml_dtypes as _ml
+
+    _BF16: np.dtype | None = np.dtype(_ml.bfloat16)
+except Exception:  # pragma: no cover - depends on the environment
+    _BF16 = None
+
+FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def name_of(dtype: np.dtype) -> str:
+    """The hora dtype name of a NumPy dtype; TypeError for anything hora does not carry."""
+    dtype = np.dtype(dtype)
+    if _BF16 is not None and dtype == _BF16:
+        return "bfloat16"
+    name = dtype.name
+    if name not in DTYPES:
+        raise TypeError(f"Tensor type {name} is not supported.")
+    return name
+
+
+def storage_dtype(name: str) -> np.dtype:
+    """The NumPy dtype that holds ``name`` in memory (uint16 for bfloat16)."""
+    if name == "bfloat16":
+        return np.dtype(np.uint16)
+    return np.dtype(name)
+
+
+def storage_view(arr: np.ndarray, name: str) -> np.ndarray:
+    """``arr`` viewed in its storage dtype (a no-op except for bfloat16)."""
+    st = storage_dtype(name)
+    return arr if arr.dtype == st else arr.view(st)
+
+
+def itemsize(name: str) -> int:
+    return storage_dtype(name).itemsize
