@@ -1,0 +1,179 @@
+"""RendezvousServer: the job's key-value store, run by the launcher (or the elastic driver).
+
+Holds ``str -> bytes`` pairs in memory. Clients set keys, block until keys exist, and count with
+atomic ``add``. Blocking reads wait on a condition variable that every write notifies.
+
+Threads: ``start`` runs one daemon thread accepting connections and one daemon thread per client
+connection (handshake, then requests in order). All state sits behind one lock; the server is
+thread-safe and ``stop`` may be called from any thread. A client that fails the handshake or
+sends a malformed frame is logged and dropped; the server keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import threading
+
+from hora.errors import AuthenticationError
+from hora.rendezvous.protocol import (
+    ADD,
+    CHECK,
+    DELETE,
+    ERROR,
+    GET,
+    OK,
+    SET,
+    STORE_CONTEXT,
+    TIMEOUT,
+    WAIT,
+    Request,
+    decode_request,
+    encode_reply,
+    recv_frame,
+    send_frame,
+)
+from hora.transport.tcp.auth import accept_handshake
+from hora.transport.tcp.wire import configure, hard_close
+
+log = logging.getLogger(__name__)
+
+
+def _check_context(context: bytes) -> None:
+    if context != STORE_CONTEXT:
+        raise ValueError(f"not a rendezvous client ({context[:40]!r})")
+
+
+class RendezvousServer:
+    """An authenticated key-value store on ``host:port`` (port 0: pick a free one)."""
+
+    def __init__(self, secret: bytes, host: str = "0.0.0.0", port: int = 0) -> None:
+        if not secret:
+            raise ValueError("the rendezvous secret must be a non-empty bytes value")
+        self._secret = bytes(secret)
+        self._host = host
+        self._port = port
+        self._data: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._clients: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self._stopped = False
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def start(self) -> int:
+        """Listen and serve on daemon threads; return the bound port."""
+        if self._listener is not None:
+            return self._port
+        self._listener = socket.create_server((self._host, self._port), backlog=256)
+        self._port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept_loop, name="hora-store-accept", daemon=True).start()
+        log.debug("rendezvous store listening on %s:%d", self._host, self._port)
+        return self._port
+
+    def stop(self) -> None:
+        """Stop serving: close the listener and every client connection. Idempotent."""
+        with self._changed:
+            if self._stopped:
+                return
+            self._stopped = True
+            socks = list(self._clients)
+            self._changed.notify_all()
+        if self._listener is not None:
+            socks.append(self._listener)
+        for sock in socks:
+            hard_close(sock)
+
+    def __enter__(self) -> RendezvousServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, addr = self._listener.accept()
+            except OSError as e:
+                if self._stopped:
+                    return
+                log.warning("rendezvous store: accept failed: %s", e)
+                continue
+            with self._lock:
+                if self._stopped:
+                    conn.close()
+                    return
+                self._clients.add(conn)
+            threading.Thread(
+                target=self._serve, args=(conn, addr), name="hora-store-client", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket, addr: tuple[str, int]) -> None:
+        peer = f"{addr[0]}:{addr[1]}"
+        try:
+            accept_handshake(conn, self._secret, _check_context)
+            configure(conn)
+            while not self._stopped:
+                try:
+                    body = recv_frame(conn)
+                except EOFError:
+                    return
+                try:
+                    reply = self._execute(decode_request(body))
+                except ValueError as e:
+                    log.warning("rendezvous store: bad request from %s: %s", peer, e)
+                    reply = encode_reply(ERROR, 0, str(e).encode())
+                send_frame(conn, reply)
+        except AuthenticationError as e:
+            if not self._stopped:
+                log.warning("rendezvous store: rejected a connection from %s: %s", peer, e)
+        except (OSError, ValueError) as e:
+            if not self._stopped:
+                log.warning("rendezvous store: dropped the connection from %s: %s", peer, e)
+        finally:
+            with self._lock:
+                self._clients.discard(conn)
+            conn.close()
+
+    def _execute(self, req: Request) -> bytes:
+        """Run one request under the store lock and return the encoded reply."""
+        keys = req.keys
+        if req.op in (SET, GET, ADD, DELETE) and len(keys) != 1:
+            raise ValueError(f"operation {req.op} takes exactly one key, got {len(keys)}")
+        timeout = req.timeout if math.isfinite(req.timeout) and req.timeout >= 0 else None
+        with self._changed:
+            if req.op == SET:
+                self._data[keys[0]] = req.value
+                self._changed.notify_all()
+                return encode_reply(OK)
+            if req.op == ADD:
+                old = self._data.get(keys[0], b"0")
+                try:
+                    total = int(old) + req.number
+                except ValueError:
+                    raise ValueError(f"key {keys[0]!r} does not hold an integer") from None
+                self._data[keys[0]] = str(total).encode()
+                self._changed.notify_all()
+                return encode_reply(OK, total)
+            if req.op == DELETE:
+                return encode_reply(OK, int(self._data.pop(keys[0], None) is not None))
+            if req.op == CHECK:
+                return encode_reply(OK, int(all(k in self._data for k in keys)))
+            present = self._changed.wait_for(
+                lambda: self._stopped or all(k in self._data for k in keys), timeout
+            )
+            if self._stopped:
+                raise OSError("store stopped")
+            if not present:
+                missing = [k for k in keys if k not in self._data]
+                return encode_reply(TIMEOUT, 0, "\n".join(missing).encode())
+            if req.op == WAIT:
+                return encode_reply(OK)
+            assert req.op == GET
+            return encode_reply(OK, 0, self._data[keys[0]])

@@ -1,0 +1,249 @@
+"""TcpPair: one authenticated TCP connection to one peer on one channel (see transport/base.py).
+
+Blocking ``send``/``recv_into``/``send_msg``/``recv_msg`` run on the calling (engine) thread and
+move the caller's buffer straight to or from the socket. ``isend``/``irecv`` are queued to two
+daemon threads owned by the pair (one sender, one receiver, started on first use); a blocking
+call first waits for the background operations queued before it, which keeps the order.
+
+Thread-safety: one thread issues the operations (the engine thread); ``close`` is safe from any
+thread and makes every blocked or later operation raise TransportError.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+from collections.abc import Callable
+
+from hora.errors import TransportError
+from hora.transport.base import CONTROL, MAX_MESSAGE, Buffer
+from hora.transport.tcp.wire import (
+    DATA_FRAME,
+    FRAME_NAMES,
+    HEADER,
+    MAGIC,
+    MSG_FRAME,
+    VERSION,
+    hard_close,
+    recv_exact_into,
+    send_parts,
+)
+
+
+class TcpWork:
+    """Completion of one ``isend``/``irecv``; ``wait`` re-raises the transport error."""
+
+    __slots__ = ("_event", "_error")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._error: TransportError | None = None
+
+    def _finish(self, error: TransportError | None = None) -> None:
+        self._error = error
+        self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Return when the operation is done; TimeoutError (pair left open) if ``timeout`` ends."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"transport operation not done after {timeout}s")
+        if self._error is not None:
+            raise TransportError(str(self._error)) from self._error
+
+
+class _Lane:
+    """A FIFO of background operations run by one lazily started daemon thread."""
+
+    def __init__(self, name: str, run: Callable[[memoryview], None]) -> None:
+        self._name = name
+        self._run = run
+        self._queue: queue.SimpleQueue[tuple[memoryview, TcpWork] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._last: TcpWork | None = None
+
+    def submit(self, view: memoryview, closed_error: Callable[[], TransportError]) -> TcpWork:
+        work = TcpWork()
+        with self._lock:
+            if self._closed:
+                work._finish(closed_error())
+                return work
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._last = work
+            self._queue.put((view, work))
+        return work
+
+    def drain(self) -> None:
+        """Wait until everything submitted so far is done (its errors surface elsewhere)."""
+        last = self._last
+        if last is not None and not last.done():
+            last._event.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._queue.put(None)
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            view, work = item
+            try:
+                self._run(view)
+            except TransportError as e:
+                work._finish(e)
+            else:
+                work._finish()
+
+
+def byte_view(buf: Buffer, writable: bool = False) -> memoryview:
+    """A flat byte view of ``buf`` without copying; TypeError if it is not contiguous."""
+    try:
+        view = memoryview(buf).cast("B")
+    except TypeError as e:
+        raise TypeError(
+            f"transport buffers must be contiguous bytes-like objects, got {type(buf).__name__}: "
+            f"{e}"
+        ) from e
+    if writable and view.readonly:
+        raise TypeError(f"cannot receive into a read-only buffer ({type(buf).__name__})")
+    return view
+
+
+class TcpPair:
+    """This rank's connection to rank ``peer`` on ``channel`` (DATA or CONTROL)."""
+
+    def __init__(self, sock: socket.socket, peer: int, channel: int) -> None:
+        self.peer = peer
+        self.channel = channel
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._what = f"rank {peer} ({'control' if channel == CONTROL else 'data'} channel)"
+        self._header = bytearray(HEADER.size)
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._error: TransportError | None = None
+        self._sender = _Lane(f"hora-tcp-send-{peer}-{channel}", self._send_data)
+        self._receiver = _Lane(f"hora-tcp-recv-{peer}-{channel}", self._recv_data)
+
+    def __repr__(self) -> str:
+        return f"TcpPair({self._what}, {'closed' if self._closed else 'open'})"
+
+    # -- public operations (engine thread) ---------------------------------------------------
+
+    def send(self, buf: Buffer) -> None:
+        view = byte_view(buf)
+        self._sender.drain()
+        self._send_data(view)
+
+    def recv_into(self, buf: memoryview | bytearray) -> None:
+        view = byte_view(buf, writable=True)
+        self._receiver.drain()
+        self._recv_data(view)
+
+    def isend(self, buf: Buffer) -> TcpWork:
+        return self._sender.submit(byte_view(buf), self._closed_error)
+
+    def irecv(self, buf: memoryview | bytearray) -> TcpWork:
+        return self._receiver.submit(byte_view(buf, writable=True), self._closed_error)
+
+    def send_msg(self, payload: bytes) -> None:
+        view = byte_view(payload)
+        if view.nbytes > MAX_MESSAGE:
+            raise ValueError(f"message of {view.nbytes} bytes exceeds MAX_MESSAGE={MAX_MESSAGE}")
+        self._sender.drain()
+        self._send_frame(MSG_FRAME, view)
+
+    def recv_msg(self) -> bytes:
+        self._receiver.drain()
+        length = self._read_header(MSG_FRAME, None)
+        body = bytearray(length)
+        self._read_body(memoryview(body))
+        return bytes(body)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        """Close the connection; blocked and later operations raise TransportError. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._error is None:
+                self._error = TransportError(f"connection to {self._what} was closed by this rank")
+        self._sender.close()
+        self._receiver.close()
+        hard_close(self._sock)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- frame I/O (engine thread or the pair's lane threads) --------------------------------
+
+    def _closed_error(self) -> TransportError:
+        return TransportError(str(self._error))
+
+    def _fail(self, reason: str | BaseException) -> TransportError:
+        """Record why the pair broke, close it, and return the error to raise."""
+        with self._close_lock:
+            if self._error is None and not self._closed:
+                if isinstance(reason, EOFError):
+                    reason = f"connection to {self._what} closed (peer exited or was killed)"
+                elif isinstance(reason, TimeoutError):
+                    reason = f"connection to {self._what} timed out (peer host unreachable?)"
+                elif isinstance(reason, OSError):
+                    reason = f"connection to {self._what} failed: {reason}"
+                self._error = TransportError(str(reason))
+        self.close()
+        return self._closed_error()
+
+    def _send_data(self, view: memoryview) -> None:
+        self._send_frame(DATA_FRAME, view)
+
+    def _send_frame(self, kind: int, view: memoryview) -> None:
+        if self._closed:
+            raise self._closed_error()
+        try:
+            send_parts(self._sock, HEADER.pack(MAGIC, VERSION, kind, view.nbytes), view)
+        except OSError as e:
+            raise self._fail(e) from e
+
+    def _recv_data(self, view: memoryview) -> None:
+        self._read_header(DATA_FRAME, view.nbytes)
+        self._read_body(view)
+
+    def _read_header(self, kind: int, length: int | None) -> int:
+        """Read one header; check magic, version, kind and length (exact or <= MAX_MESSAGE)."""
+        if self._closed:
+            raise self._closed_error()
+        try:
+            recv_exact_into(self._sock, memoryview(self._header))
+        except (OSError, EOFError) as e:
+            raise self._fail(e) from e
+        magic, version, got_kind, got_length = HEADER.unpack(self._header)
+        problem = None
+        if magic != MAGIC or version != VERSION:
+            problem = f"bad magic/version {magic:#x}/{version}"
+        elif got_kind != kind:
+            problem = f"expected a {FRAME_NAMES[kind]}, got {FRAME_NAMES.get(got_kind, got_kind)}"
+        elif length is not None and got_length != length:
+            problem = f"expected {length} bytes, the peer sent {got_length}"
+        elif length is None and got_length > MAX_MESSAGE:
+            problem = f"message of {got_length} bytes exceeds MAX_MESSAGE={MAX_MESSAGE}"
+        if problem is not None:
+            raise self._fail(f"malformed frame from {self._what}: {problem}")
+        return int(got_length)
+
+    def _read_body(self, view: memoryview) -> None:
+        try:
+            recv_exact_into(self._sock, view)
+        except (OSError, EOFError) as e:
+            raise self._fail(e) from e
