@@ -1,0 +1,74 @@
+"""Gradient compression on the wire: ``Compression.none``, ``.fp16`` and ``.bf16``.
+
+A compressor turns a tensor into the tensor that is sent plus a context, and turns the received
+tensor back with that context. ``fp16`` and ``bf16`` halve the bytes of 32- and 64-bit
+floating-point tensors (the context is the original dtype); other tensors pass unchanged.
+Pure functions of their inputs: thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Compressor:
+    """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx)``."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor
+
+
+class _CastCompressor(Compressor):
+    """Casts floating-point tensors wider than ``wire`` to ``wire`` and back."""
+
+    wire: torch.dtype = torch.float16
+
+    @classmethod
+    def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        dtype = tensor.dtype
+        if dtype.is_floating_point and dtype.itemsize > cls.wire.itemsize:
+            return tensor.to(cls.wire), dtype
+        return tensor, dtype
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor if ctx is None or tensor.dtype == ctx else tensor.to(ctx)
+
+
+class FP16Compressor(_CastCompressor):
+    """Sends float32/float64 tensors as float16."""
+
+    wire = torch.float16
+
+
+class BF16Compressor(_CastCompressor):
+    """Sends float32/float64 tensors as bfloat16: fp32's range, fewer mantissa bits than fp16."""
+
+    wire = torch.bfloat16
+
+
+class Compression:
+    """The compression choices, as Horovod names them (plus ``bf16``)."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+    bf16 = BF16Compressor
