@@ -1,0 +1,361 @@
+"""The coordinator: decides what runs, in one order, on every rank.
+
+Global rank 0 coordinates every process set. Members send it their requests (or, in the steady
+state, response-cache hits as a bit vector). When every member of a set that has not joined has
+asked for a tensor, the coordinator checks the requests agree (names both sides in Horovod's
+wording if they do not), fuses ready allreduces up to the fusion threshold, and appends the
+responses to one global order. Because every rank executes the responses of its sets in that
+single order, two sets that share ranks can never deadlock against each other.
+
+The stall inspector lives here too: it knows who has not submitted what.
+Runs in rank 0's engine thread only; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from hora.core.messages import (
+    FUSIBLE,
+    OpType,
+    Request,
+    Response,
+    TensorSpec,
+    bits_decode,
+)
+from hora.core.response_cache import ResponseCache
+from hora.dtypes import itemsize
+
+log = logging.getLogger("hora.controller")
+
+_JOIN_UNSUPPORTED = "{op} is not supported with Join at this time."
+_OP_NAMES = {OpType.ALLREDUCE: "Allreduce", OpType.ALLGATHER: "Allgather",
+             OpType.BROADCAST: "Broadcast", OpType.ALLTOALL: "Alltoall",
+             OpType.REDUCESCATTER: "Reducescatter", OpType.ADASUM: "Adasum"}
+
+
+@dataclass
+class _Pending:
+    requests: dict[int, Request] = field(default_factory=dict)  # set rank -> request
+    first_seen: float = field(default_factory=time.monotonic)
+
+
+class SetState:
+    """The coordinator's view of one process set."""
+
+    def __init__(self, ps_id: int, ranks: list[int], cache_capacity: int) -> None:
+        self.ps_id = ps_id
+        self.ranks = ranks
+        self.size = len(ranks)
+        self.mirror = ResponseCache(cache_capacity)
+        self.graveyard: dict[int, tuple[TensorSpec, int]] = {}
+        self.epoch = 0  # response lists emitted
+        self.member_epoch = dict.fromkeys(range(self.size), 0)
+        self.table: OrderedDict[str, _Pending] = OrderedDict()
+        self.ready: list[TensorSpec] = []
+        self.groups: dict[str, list[TensorSpec]] = {}
+        self.joined: set[int] = set()
+        self.last_joined = -1
+        self.barrier: set[int] = set()
+
+    def set_rank(self, global_rank: int) -> int:
+        return self.ranks.index(global_rank)
+
+
+class Coordinator:
+    def __init__(self, fusion_threshold: int, cache_capacity: int) -> None:
+        self.fusion_threshold = fusion_threshold
+        self.cache_capacity = cache_capacity
+        self.sets: dict[int, SetState] = {}
+        self._next_set_id = 1
+        self._last_stall_log = time.monotonic()
+
+    # -- registration -----------------------------------------------------------------------
+    def add_set(self, ps_id: int, ranks: list[int]) -> None:
+        self.sets[ps_id] = SetState(ps_id, ranks, self.cache_capacity)
+
+    def remove_set(self, ps_id: int) -> None:
+        self.sets.pop(ps_id, None)
+
+    # -- input ------------------------------------------------------------------------------
+    def on_message(self, global_rank: int, msg: dict[str, Any]) -> None:
+        """A member's requests: ``{"ps": id, "ep": epoch, "r": [...], "h": bits}``."""
+        st = self.sets.get(int(msg["ps"]))
+        if st is None:
+            raise ValueError(f"rank {global_rank} sent requests for unknown process set {msg['ps']}")
+        srank = st.set_rank(global_rank)
+        st.member_epoch[srank] = int(msg.get("ep", 0))
+        self._purge(st)
+        for cid in bits_decode(msg.get("h", "")):
+            spec = st.mirror.get(cid) or st.graveyard.get(cid, (None, 0))[0]
+            if spec is None:
+                raise ValueError(f"rank {global_rank} reported unknown cache entry {cid}")
+            self._add(st, srank, spec.request_for(srank))
+        for wire in msg.get("r", ()):
+            self._add(st, srank, Request.from_wire(wire))
+
+    def _purge(self, st: SetState) -> None:
+        if st.graveyard:
+            low = min(st.member_epoch.values())
+            for cid in [c for c, (_, ep) in st.graveyard.items() if ep <= low]:
+                del st.graveyard[cid]
+
+    def _add(self, st: SetState, srank: int, req: Request) -> None:
+        if req.op == OpType.JOIN:
+            st.joined.add(srank)
+            st.last_joined = st.ranks[srank]
+            # tensors that waited for this rank may now be ready
+            for name in list(st.table):
+                self._maybe_ready(st, name)
+            return
+        if req.op == OpType.BARRIER:
+            st.barrier.add(srank)
+            return
+        pend = st.table.get(req.name)
+        if pend is None:
+            pend = st.table[req.name] = _Pending()
+        pend.requests[srank] = req
+        self._maybe_ready(st, req.name)
+
+    def _maybe_ready(self, st: SetState, name: str) -> None:
+        pend = st.table[name]
+        if not all(r in pend.requests or r in st.joined for r in range(st.size)):
+            return
+        del st.table[name]
+        spec_or_error = self._validate(st, pend.requests)
+        if isinstance(spec_or_error, str):
+            st.ready.append(TensorSpec(Request(OpType.ERROR, name, reduce_op=-1,
+                                               group=spec_or_error)))
+            return
+        spec = spec_or_error
+        req = spec.request
+        if req.group_size > 1:
+            members = st.groups.setdefault(req.group, [])
+            members.append(spec)
+            if len(members) < req.group_size:
+                return
+            del st.groups[req.group]
+            st.ready.extend(members)
+        else:
+            st.ready.append(spec)
+
+    # -- validation -------------------------------------------------------------------------
+    def _validate(self, st: SetState, reqs: dict[int, Request]) -> TensorSpec | str:
+        ranks = sorted(reqs)
+        first_rank = ranks[0]
+        first = reqs[first_rank]
+        op_name = first.op.name
+        for r in ranks[1:]:
+            q = reqs[r]
+            a, b = st.ranks[first_rank], st.ranks[r]
+            if q.op != first.op:
+                return (f"Mismatched operations: One rank did an {op_name}, but another rank "
+                        f"did an {q.op.name}. (rank {a}: {op_name}, rank {b}: {q.op.name}; "
+                        f"tensor {first.name})")
+            if q.dtype != first.dtype:
+                return (f"Mismatched data types: One rank had type {first.dtype}, but another "
+                        f"rank had type {q.dtype}. (rank {a}: {first.dtype}, rank {b}: "
+                        f"{q.dtype}; tensor {first.name})")
+            err = self._validate_shapes(first, q, a, b)
+            if err:
+                return err
+            if q.reduce_op != first.reduce_op:
+                return (f"Mismatched reduction operation: One rank specified op "
+                        f"{first.reduce_op}, but another rank specified op {q.reduce_op}. "
+                        f"(rank {a} vs rank {b}; tensor {first.name})")
+            if (q.prescale, q.postscale) != (first.prescale, first.postscale):
+                return (f"Mismatched prescale and/or postscale factors: One rank sent factors "
+                        f"{first.prescale}, {first.postscale}, but another rank sent factors "
+                        f"{q.prescale}, {q.postscale}. (rank {a} vs rank {b}; tensor "
+                        f"{first.name})")
+            if q.root != first.root:
+                return (f"Mismatched {op_name} root ranks: One rank specified root rank "
+                        f"{first.root}, but another rank specified root rank {q.root}. "
+                        f"(rank {a} vs rank {b}; tensor {first.name})")
+            if q.ranks != first.ranks:
+                return (f"Mismatched process set registration: rank {a} registered ranks "
+                        f"{list(first.ranks or [])}, but rank {b} registered ranks "
+                        f"{list(q.ranks or [])}. Every rank must add the same process sets "
+                        "in the same order.")
+            if (q.group, q.group_size) != (first.group, first.group_size):
+                return (f"Mismatched grouping: rank {a} submitted {first.name} in a group of "
+                        f"{first.group_size}, rank {b} in a group of {q.group_size}.")
+        if st.joined and first.op not in (OpType.ALLREDUCE, OpType.ADASUM):
+            return _JOIN_UNSUPPORTED.format(op=_OP_NAMES.get(first.op, op_name.title()))
+        if first.op == OpType.BROADCAST and first.root not in st.ranks:
+            return (f"broadcast received invalid root rank {first.root}: it is not a member of "
+                    f"process set {st.ps_id} (ranks {st.ranks}).")
+        if first.op == OpType.ADASUM and (st.size & (st.size - 1)):
+            return f"Adasum requires a power-of-two number of ranks, got {st.size}."
+        if first.op == OpType.ALLGATHER:
+            dims = [reqs[r].shape[0] if r in reqs else 0 for r in range(st.size)]
+            return TensorSpec(first, first_dims=dims)
+        if first.op == OpType.ALLTOALL:
+            matrix = []
+            for r in range(st.size):
+                q = reqs[r]
+                assert q.splits is not None  # the op surface always fills splits
+                if len(q.splits) != st.size:
+                    return (f"Alltoall: rank {st.ranks[r]} gave {len(q.splits)} splits for a "
+                            f"process set of {st.size} ranks.")
+                matrix.append(list(q.splits))
+            return TensorSpec(first, split_matrix=matrix)
+        return TensorSpec(first)
+
+    @staticmethod
+    def _validate_shapes(first: Request, q: Request, a: int, b: int) -> str:
+        op = first.op.name
+        if first.op in (OpType.ALLGATHER, OpType.ALLTOALL):
+            if len(q.shape) != len(first.shape):
+                return (f"Mismatched {op} tensor shapes: One rank sent a tensor of rank "
+                        f"{len(first.shape)}, but another rank sent a tensor of rank "
+                        f"{len(q.shape)}. (rank {a} vs rank {b}; tensor {first.name})")
+            for d in range(1, len(first.shape)):
+                if first.shape[d] != q.shape[d]:
+                    return (f"Mismatched {op} tensor shapes: One rank sent a tensor with "
+                            f"dimension {d} equal to {first.shape[d]}, but another rank sent "
+                            f"a tensor with dimension {d} equal to {q.shape[d]}. (rank {a} vs "
+                            f"rank {b}; tensor {first.name})")
+            return ""
+        if first.shape != q.shape:
+            return (f"Mismatched {op} tensor shapes: One rank sent a tensor of shape "
+                    f"{list(first.shape)}, but another rank sent a tensor of shape "
+                    f"{list(q.shape)}. (rank {a} vs rank {b}; tensor {first.name})")
+        return ""
+
+    # -- output -----------------------------------------------------------------------------
+    def take_responses(self) -> list[tuple[SetState, list[Response]]]:
+        """Ready work of every set, fused, in the order it became ready."""
+        out: list[tuple[SetState, list[Response]]] = []
+        for st in self.sets.values():
+            responses = self._fuse(st.ready)
+            st.ready = []
+            for resp in responses:
+                if resp.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+                    self._apply_set_change(resp)
+            if st.barrier and len(st.barrier) + len(st.joined - st.barrier) >= st.size:
+                st.barrier.clear()
+                responses.append(Response(OpType.BARRIER))
+            if st.joined and len(st.joined) == st.size:
+                responses.append(Response(OpType.JOIN, last_joined=st.last_joined))
+                st.joined.clear()
+                st.last_joined = -1
+            if responses:
+                out.append((st, responses))
+        return out
+
+    def _apply_set_change(self, resp: Response) -> None:
+        ranks = sorted(resp.specs[0].request.ranks or ())
+        existing = [i for i, s in self.sets.items() if s.ranks == ranks]
+        if resp.op == OpType.ADD_PROCESS_SET:
+            if existing:
+                resp.op, resp.error = OpType.ERROR, "Attempted to add a duplicate process set"
+                return
+            resp.process_set_id = self._next_set_id
+            self._next_set_id += 1
+            self.add_set(resp.process_set_id, ranks)
+        else:
+            if not existing or existing[0] == 0:
+                resp.op, resp.error = OpType.ERROR, f"process set {ranks} is not registered"
+                return
+            resp.process_set_id = existing[0]
+            self.remove_set(existing[0])
+
+    def _fuse(self, ready: list[TensorSpec]) -> list[Response]:
+        responses: list[Response] = []
+        open_by_key: dict[tuple[Any, ...], tuple[Response, int]] = {}
+        for spec in ready:
+            req = spec.request
+            if req.op == OpType.ERROR:
+                responses.append(Response(OpType.ERROR, [spec], error=req.group))
+                continue
+            nbytes = itemsize(req.dtype) * _numel(req.shape)
+            if req.op not in FUSIBLE or self.fusion_threshold <= 0 or req.op != OpType.ALLREDUCE:
+                responses.append(Response(req.op, [spec]))
+                continue
+            key = (req.op, req.dtype, req.reduce_op, req.prescale, req.postscale)
+            cur = open_by_key.get(key)
+            if cur is not None and cur[1] + nbytes <= self.fusion_threshold:
+                cur[0].specs.append(spec)
+                open_by_key[key] = (cur[0], cur[1] + nbytes)
+                continue
+            resp = Response(req.op, [spec])
+            responses.append(resp)
+            open_by_key[key] = (resp, nbytes)
+        return responses
+
+    def encode(self, st: SetState, responses: list[Response]) -> list[Any]:
+        """Wire form of one set's response list; cached specs go as ids. Advances the mirror."""
+        wire: list[Any] = []
+        st.epoch += 1
+        for resp in responses:
+            entries: list[Any] = []
+            for spec in resp.specs:
+                if resp.op == OpType.ERROR:
+                    st.mirror.erase(spec.request.name)
+                    entries.append(spec.to_wire())
+                    continue
+                cid = st.mirror.encode_id(spec)
+                entries.append(cid if cid is not None else spec.to_wire())
+                for old_id, old in st.mirror.apply(spec):
+                    st.graveyard[old_id] = (old, st.epoch)
+            wire.append([int(resp.op), entries, resp.error, resp.last_joined,
+                         resp.process_set_id])
+        return wire
+
+    # -- stall inspector --------------------------------------------------------------------
+    def stalled(self, warn_after: float, now: float | None = None) -> list[str]:
+        """Lines naming, per stalled tensor, the ranks that have not submitted it."""
+        now = time.monotonic() if now is None else now
+        lines = []
+        for st in self.sets.values():
+            missing: dict[int, list[str]] = {}
+            for name, pend in st.table.items():
+                if now - pend.first_seen < warn_after:
+                    continue
+                for srank in range(st.size):
+                    if srank not in pend.requests and srank not in st.joined:
+                        missing.setdefault(st.ranks[srank], []).append(name)
+            for rank, names in sorted(missing.items()):
+                shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+                lines.append(f"{rank}: [{shown}]" + (f" (process set {st.ps_id})"
+                                                     if st.ps_id else ""))
+        return lines
+
+    def oldest_wait(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        waits = [now - p.first_seen for st in self.sets.values() for p in st.table.values()]
+        return max(waits, default=0.0)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def decode_responses(wire: list[Any], cache: ResponseCache) -> list[Response]:
+    """Member side: the inverse of :meth:`Coordinator.encode`. Advances ``cache`` the same way."""
+    out = []
+    for op, entries, error, last_joined, ps_id in wire:
+        op = OpType(op)
+        specs = []
+        for e in entries:
+            if isinstance(e, int):
+                spec = cache.get(e)
+                if spec is None:
+                    raise ValueError(f"response names cache entry {e} that this rank lacks")
+            else:
+                spec = TensorSpec.from_wire(e)
+            if op == OpType.ERROR:
+                cache.erase(spec.request.name)
+            else:
+                cache.apply(spec)
+            specs.append(spec)
+        out.append(Response(op, specs, str(error), int(last_joined), int(ps_id)))
+    return out

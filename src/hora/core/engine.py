@@ -1,0 +1,385 @@
+"""The engine: one background thread per process that does all of hora's communication.
+
+User threads hand it :class:`~hora.core.executor.TensorEntry` lists through :meth:`Engine.enqueue`
+(thread-safe). The engine thread loops: it wakes at once when work is enqueued or a control
+message arrives (an idle engine never makes a new op wait for a cycle), sends this rank's
+requests to the coordinator (global rank 0; cache hits go as a bit vector), lets the coordinator
+decide what is ready (on rank 0), and executes the response lists it receives, in order.
+
+Failure contract: any error in the loop (a peer that died, a malformed message, a stall past the
+shutdown time) ends the engine. Every pending and later operation then fails with
+:class:`~hora.errors.HoraInternalError` carrying the first cause, and rank 0 tells the others
+before it closes, so no rank waits forever. Shutdown of any rank shuts down every rank, as in
+Horovod; operations still pending fail with the shutdown message.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from hora.backends.base import Backend, SetComm
+from hora.core.controller import Coordinator, decode_responses
+from hora.core.executor import Executor, TensorEntry
+from hora.core.handles import shut_down_error
+from hora.core.messages import CACHEABLE, OpType, Response, bits_encode, decode, encode
+from hora.core.response_cache import ResponseCache
+from hora.errors import HoraInternalError, TransportError
+from hora.settings import Settings
+from hora.transport.base import CONTROL, Pair, Transport
+
+log = logging.getLogger("hora.engine")
+
+STALL_MESSAGE = (
+    "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
+    "ranks and are waiting for remainder of ranks for more than {secs:.0f} seconds. This may "
+    "indicate that different ranks are trying to submit different tensors or that only subset "
+    "of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:\n{lines}"
+)
+
+
+class _Stop(Exception):
+    """The loop ends normally (shutdown) or with a cause another rank reported."""
+
+
+class MemberState:
+    """This rank's view of one process set it belongs to."""
+
+    def __init__(self, comm: SetComm, cache_capacity: int) -> None:
+        self.comm = comm
+        self.cache = ResponseCache(cache_capacity)
+        self.epoch = 0
+        self.table: dict[str, TensorEntry] = {}
+        self.joined = False
+
+
+class Engine:
+    def __init__(self, rank: int, size: int, settings: Settings, transport: Transport | None,
+                 backend: Backend, timeline: Any = None) -> None:
+        self.rank, self.size, self.settings = rank, size, settings
+        self.transport = transport
+        self.timeline = timeline
+        self.executor = Executor(backend, timeline)
+        self.coordinator = (Coordinator(settings.fusion_threshold, settings.cache_capacity)
+                            if rank == 0 else None)
+        self.members: dict[int, MemberState] = {}
+        self._lock = threading.Lock()
+        self._queue: list[tuple[int, list[TensorEntry]]] = []
+        self._inbox: deque[tuple[int, list[Any]]] = deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._ctrl: dict[int, Pair] = {}
+        self._stop_requested = False
+        self._closing = False  # rank 0: shutdown broadcast sent; others: shutdown received
+        self._bye_sent = False
+        self._gone: set[int] = set()
+        self.cause: str | None = None  # why the engine stopped, once it has
+        self._stopped = threading.Event()
+        self._last_stall_warn = 0.0
+        self._last_stall_check = 0.0
+        self._thread = threading.Thread(target=self._main, name="hora-engine", daemon=True)
+
+    # -- user-thread API --------------------------------------------------------------------
+    def start(self) -> None:
+        if self.transport is not None:
+            peers = range(1, self.size) if self.rank == 0 else [0]
+            for p in peers:
+                self._ctrl[p] = self.transport.pair(p, CONTROL)
+        self._thread.start()
+
+    def register_global_set(self) -> None:
+        """Set 0, every rank; called once before :meth:`start`."""
+        ranks = list(range(self.size))
+        if self.coordinator is not None:
+            self.coordinator.add_set(0, ranks)
+        self._register_member(0, ranks)
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped.is_set()
+
+    def enqueue(self, ps_id: int, entries: list[TensorEntry]) -> None:
+        """Hand entries to the engine; fails them at once if it has stopped."""
+        with self._lock:
+            if not self._stopped.is_set() and not self._stop_requested:
+                self._queue.append((ps_id, entries))
+                self._wake()
+                return
+        err = shut_down_error(self.cause or "")
+        for e in entries:
+            e.fail(err)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        with self._lock:
+            self._stop_requested = True
+            self._wake()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending, or the engine is gone
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except _Stop as stop:
+            self._finish(str(stop) or None)
+        except BaseException as e:  # the failure contract: report, then fail everything
+            cause = f"{type(e).__name__}: {e}" if not isinstance(e, TransportError) else str(e)
+            log.error("hora background loop uncaught exception on rank %d: %s", self.rank, cause)
+            self._abort_peers(cause)
+            self._finish(cause)
+
+    def _finish(self, cause: str | None) -> None:
+        with self._lock:
+            self.cause = cause
+            self._stopped.set()
+            queued, self._queue = self._queue, []
+        err = shut_down_error(cause or "")
+        for _, entries in queued:
+            for e in entries:
+                e.fail(err)
+        for ms in self.members.values():
+            table, ms.table = ms.table, {}
+            for e in table.values():
+                e.fail(err)
+        if self.timeline is not None:
+            self.timeline.close()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _loop(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        for peer, pair in self._ctrl.items():
+            sel.register(pair.fileno(), selectors.EVENT_READ, peer)
+        tick = max(self.settings.cycle_time_ms / 1000.0, 0.0)
+        deadline = 0.0
+        while True:
+            busy = any(ms.table for ms in self.members.values()) or self._closing
+            events = sel.select(tick if busy else 0.25)
+            for key, _ in events:
+                if key.data is None:
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                else:
+                    self._read_control(sel, key.data)
+            if self.timeline is not None and self.settings.timeline_mark_cycles:
+                self.timeline.mark_cycle()
+            self._drain_queue()
+            if self.coordinator is not None:
+                self._coordinate()
+            self._execute_inbox()
+            if self._stop_requested and not self._closing:
+                self._begin_shutdown()
+                deadline = time.monotonic() + 10.0
+            if self._closing and (self.rank != 0 or len(self._gone) >= self.size - 1
+                                  or time.monotonic() > deadline):
+                raise _Stop()
+            if self.coordinator is not None:
+                self._stall_check()
+
+    def _read_control(self, sel: selectors.BaseSelector, peer: int) -> None:
+        pair = self._ctrl[peer]
+        try:
+            msg = decode(pair.recv_msg())
+        except TransportError:
+            if self._closing or (self._bye_sent and peer == 0):
+                sel.unregister(pair.fileno())
+                self._gone.add(peer)
+                if peer == 0:
+                    self._closing = True
+                return
+            raise TransportError(f"rank {peer} exited or was killed (its connection to rank "
+                                 f"{self.rank} closed)") from None
+        kind = msg["t"]
+        if kind == "req" and self.coordinator is not None:
+            self._on_requests(peer, msg)
+        elif kind == "resp":
+            self._inbox.append((int(msg["ps"]), msg["l"]))
+        elif kind == "bye" and self.rank == 0:
+            self._stop_requested = True
+        elif kind == "shutdown":
+            self._closing = True
+        elif kind == "abort":
+            raise _Stop(str(msg.get("why", "another rank failed")))
+        else:
+            raise ValueError(f"unexpected control message {kind!r} from rank {peer}")
+
+    def _on_requests(self, peer: int, msg: dict[str, Any]) -> None:
+        assert self.coordinator is not None
+        self.coordinator.on_message(peer, msg)
+
+    # -- member side ------------------------------------------------------------------------
+    def _drain_queue(self) -> None:
+        with self._lock:
+            if not self._queue:
+                return
+            batch, self._queue = self._queue, []
+        by_set: dict[int, tuple[list[Any], list[int]]] = {}
+        for ps_id, entries in batch:
+            ms = self.members[ps_id]
+            full, hits = by_set.setdefault(ps_id, ([], []))
+            for e in entries:
+                req = e.spec_request
+                if req.op == OpType.JOIN:
+                    ms.joined = True
+                ms.table[_table_key(req)] = e
+                if self.timeline is not None:
+                    self.timeline.negotiate_start(req.name, req.op.name)
+                cid = ms.cache.hit(req, ms.comm.rank) if req.op in CACHEABLE else None
+                if cid is None:
+                    full.append(req.to_wire())
+                else:
+                    hits.append(cid)
+        for ps_id, (full, hits) in by_set.items():
+            msg = {"t": "req", "ps": ps_id, "ep": self.members[ps_id].epoch, "r": full,
+                   "h": bits_encode(hits)}
+            if self.rank == 0:
+                self._on_requests(0, msg)
+            else:
+                self._ctrl[0].send_msg(encode(msg))
+
+    def _execute_inbox(self) -> None:
+        while self._inbox:
+            ps_id, wire = self._inbox.popleft()
+            ms = self.members.get(ps_id)
+            if ms is None:
+                continue  # a set this rank is not in (cannot happen: sent to members only)
+            responses = decode_responses(wire, ms.cache)
+            ms.epoch += 1
+            for resp in responses:
+                self._perform(ms, resp)
+
+    def _perform(self, ms: MemberState, resp: Response) -> None:
+        op = resp.op
+        tl = self.timeline
+        names = resp.names
+        if tl is not None:
+            for n in names:
+                tl.negotiate_end(n)
+                tl.start(n, op.name)
+        if op == OpType.ERROR:
+            for n in names:
+                entry = ms.table.pop(n, None)
+                if entry is not None:
+                    entry.fail(HoraInternalError(resp.error))
+        elif op in (OpType.ALLREDUCE, OpType.ADASUM):
+            entries = [ms.table.pop(n, None) for n in names]
+            if not ms.joined and any(e is None for e in entries):
+                missing = [n for n, e in zip(names, entries) if e is None]
+                raise HoraInternalError(f"rank {self.rank} was told to reduce {missing}, "
+                                        "which it never submitted")
+            results = self.executor.allreduce(ms.comm, resp, entries)
+            for e, r in zip(entries, results):
+                if e is not None:
+                    e.complete(r)
+        elif op == OpType.BARRIER:
+            ms.table.pop("barrier").complete(None)
+        elif op == OpType.JOIN:
+            ms.joined = False
+            ms.table.pop("join").complete(resp.last_joined)
+        elif op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+            spec = resp.specs[0]
+            ranks = list(spec.request.ranks or ())
+            if op == OpType.ADD_PROCESS_SET:  # the coordinator registered it when deciding
+                self._register_member(resp.process_set_id, ranks)
+            else:
+                self.members.pop(resp.process_set_id, None)
+            ms.table.pop(spec.request.name).complete(resp.process_set_id)
+        else:
+            spec = resp.specs[0]
+            entry = ms.table.pop(spec.request.name)
+            ex = self.executor
+            fn = {OpType.ALLGATHER: ex.allgather, OpType.BROADCAST: ex.broadcast,
+                  OpType.ALLTOALL: ex.alltoall, OpType.REDUCESCATTER: ex.reducescatter}[op]
+            entry.complete(fn(ms.comm, spec, entry))
+        if tl is not None:
+            for s in resp.specs:
+                tl.end(s.request.name, s.request.dtype, s.request.shape)
+
+    def _register_member(self, ps_id: int, ranks: list[int]) -> None:
+        if self.rank in ranks:
+            comm = SetComm(ranks, ranks.index(self.rank), self.transport,  # type: ignore[arg-type]
+                           ps_id)
+            self.members[ps_id] = MemberState(comm, self.settings.cache_capacity)
+
+    # -- coordinator side (rank 0) ----------------------------------------------------------
+    def _coordinate(self) -> None:
+        assert self.coordinator is not None
+        for st, responses in self.coordinator.take_responses():
+            wire = self.coordinator.encode(st, responses)
+            data = None
+            for r in st.ranks:
+                if r == 0:
+                    self._inbox.append((st.ps_id, wire))
+                else:
+                    data = data or encode({"t": "resp", "ps": st.ps_id, "l": wire})
+                    self._ctrl[r].send_msg(data)
+
+    def _begin_shutdown(self) -> None:
+        self._closing = self.rank == 0
+        if self.rank == 0:
+            for peer, pair in self._ctrl.items():
+                try:
+                    pair.send_msg(encode({"t": "shutdown"}))
+                except TransportError:
+                    self._gone.add(peer)
+        elif not self._bye_sent:
+            self._bye_sent = True
+            self._ctrl[0].send_msg(encode({"t": "bye"}))
+
+    def _abort_peers(self, cause: str) -> None:
+        data = encode({"t": "abort", "why": f"rank {self.rank} failed: {cause}"})
+        for pair in self._ctrl.values():
+            try:
+                pair.send_msg(data)
+            except Exception:  # the peer may be the one that died
+                pass
+
+    def _stall_check(self) -> None:
+        s = self.settings
+        if s.stall_check_disable or self.coordinator is None:
+            return
+        now = time.monotonic()
+        if now - self._last_stall_check < 0.5:
+            return
+        self._last_stall_check = now
+        oldest = self.coordinator.oldest_wait(now)
+        shut = 0 < s.stall_shutdown_time_seconds <= oldest
+        warn = (oldest >= s.stall_check_time_seconds
+                and now - self._last_stall_warn >= s.stall_check_time_seconds)
+        if not (shut or warn):
+            return
+        after = min(s.stall_check_time_seconds, s.stall_shutdown_time_seconds or float("inf"))
+        lines = self.coordinator.stalled(after, now)
+        text = STALL_MESSAGE.format(secs=after, lines="\n".join(lines))
+        if shut:
+            raise HoraInternalError(text + f"\nStalled for more than "
+                                    f"{s.stall_shutdown_time_seconds:.0f} seconds: shutting "
+                                    "down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS).")
+        self._last_stall_warn = now
+        log.warning(text)
+
+
+def _table_key(req: Any) -> str:
+    if req.op == OpType.BARRIER:
+        return "barrier"
+    if req.op == OpType.JOIN:
+        return "join"
+    return str(req.name)

@@ -1,0 +1,180 @@
+"""Executes negotiated responses on this rank: fusion buffer, scaling, the backend call.
+
+Every member of a set runs the same responses in the same order. A rank that has joined runs
+allreduces it never submitted with zeros in their place. Timeline activities are recorded here.
+Engine thread only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hora.backends.base import Backend, SetComm
+from hora.collectives.reduce_ops import AVERAGE, SUM, scale
+from hora.collectives.reducescatter_ring import reducescatter_counts
+from hora.core.messages import OpType, Response, TensorSpec
+from hora.dtypes import storage_dtype
+
+
+@dataclass
+class TensorEntry:
+    """One submitted tensor: the request, its arrays and the handle to complete."""
+
+    spec_request: Any  # messages.Request
+    array: np.ndarray | None  # input, storage dtype
+    output: np.ndarray | None  # caller-provided output (may be ``array`` for in-place)
+    complete: Any  # callable(result) -> None
+    fail: Any  # callable(exc) -> None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+
+
+class FusionBuffer:
+    """One persistent byte buffer reused for every fused response (grown on demand)."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.uint8)
+
+    def get(self, count: int, dtype: str) -> np.ndarray:
+        st = storage_dtype(dtype)
+        need = count * st.itemsize
+        if self._buf.nbytes < need:
+            self._buf = np.empty(need, dtype=np.uint8)
+        return self._buf[:need].view(st)
+
+
+class Executor:
+    def __init__(self, backend: Backend, timeline: Any = None) -> None:
+        self.backend = backend
+        self.timeline = timeline
+        self.fusion = FusionBuffer()
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _act(self, names: list[str], activity: str | None) -> None:
+        tl = self.timeline
+        if tl is None:
+            return
+        for n in names:
+            if activity is None:
+                tl.activity_end(n)
+            else:
+                tl.activity_start(n, activity)
+
+    @staticmethod
+    def _input(spec: TensorSpec, entry: TensorEntry | None) -> np.ndarray:
+        req = spec.request
+        if entry is None or entry.array is None:  # joined rank: contributes zeros
+            return np.zeros(_numel(req.shape), dtype=storage_dtype(req.dtype))
+        return entry.array.reshape(-1)
+
+    # -- ops --------------------------------------------------------------------------------
+    def allreduce(self, comm: SetComm, resp: Response,
+                  entries: list[TensorEntry | None]) -> list[np.ndarray]:
+        req = resp.specs[0].request
+        dtype, op = req.dtype, req.reduce_op
+        post = req.postscale / comm.size if op == AVERAGE else req.postscale
+        red = SUM if op == AVERAGE else op
+        names = resp.names
+        if len(resp.specs) == 1:
+            spec, entry = resp.specs[0], entries[0]
+            src = self._input(spec, entry)
+            out = entry.output if entry is not None and entry.output is not None else None
+            flat = out.reshape(-1) if out is not None else np.empty_like(src)
+            if flat is not src and not np.shares_memory(flat, src):
+                np.copyto(flat, src)
+            self._reduce(comm, resp, flat, dtype, red, req.prescale, post,
+                         [(0, flat.size)], names)
+            return [flat.reshape(spec.request.shape)]
+        counts = [_numel(s.request.shape) for s in resp.specs]
+        buf = self.fusion.get(sum(counts), dtype)
+        self._act(names, "MEMCPY_IN_FUSION_BUFFER")
+        segments, off = [], 0
+        for spec, entry, n in zip(resp.specs, entries, counts):
+            buf[off:off + n] = self._input(spec, entry)
+            segments.append((off, n))
+            off += n
+        self._act(names, None)
+        self._reduce(comm, resp, buf, dtype, red, req.prescale, post, segments, names)
+        self._act(names, "MEMCPY_OUT_FUSION_BUFFER")
+        results = []
+        for spec, entry, (o, n) in zip(resp.specs, entries, segments):
+            if entry is not None and entry.output is not None:
+                dst = entry.output
+                dst.reshape(-1)[...] = buf[o:o + n]
+            else:
+                dst = buf[o:o + n].reshape(spec.request.shape).copy()
+            results.append(dst)
+        self._act(names, None)
+        return results
+
+    def _reduce(self, comm: SetComm, resp: Response, buf: np.ndarray, dtype: str, op: int,
+                pre: float, post: float, segments: list[tuple[int, int]],
+                names: list[str]) -> None:
+        scale(buf, dtype, pre)
+        self._act(names, f"{self.backend.name}_{resp.op.name}")
+        if resp.op == OpType.ADASUM:
+            self.backend.adasum(comm, buf, dtype, segments)
+        else:
+            self.backend.allreduce(comm, buf, dtype, op)
+        self._act(names, None)
+        scale(buf, dtype, post)
+
+    def allgather(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> np.ndarray:
+        req = spec.request
+        assert spec.first_dims is not None and entry.array is not None
+        row = _numel(req.shape[1:])
+        counts = [d * row for d in spec.first_dims]
+        out = np.empty((sum(spec.first_dims),) + req.shape[1:], dtype=entry.array.dtype)
+        self._act([req.name], f"{self.backend.name}_ALLGATHER")
+        self.backend.allgatherv(comm, entry.array.reshape(-1), out.reshape(-1), counts)
+        self._act([req.name], None)
+        return out
+
+    def broadcast(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> np.ndarray:
+        req = spec.request
+        assert entry.array is not None
+        root = comm.ranks.index(req.root)
+        out = entry.output if entry.output is not None else np.empty_like(entry.array)
+        if comm.rank == root and not np.shares_memory(out, entry.array):
+            np.copyto(out, entry.array)
+        self._act([req.name], f"{self.backend.name}_BCAST")
+        self.backend.broadcast(comm, out.reshape(-1), root)
+        self._act([req.name], None)
+        return out
+
+    def alltoall(self, comm: SetComm, spec: TensorSpec,
+                 entry: TensorEntry) -> tuple[np.ndarray, np.ndarray]:
+        req = spec.request
+        m = spec.split_matrix
+        assert m is not None and entry.array is not None
+        row = _numel(req.shape[1:])
+        me = comm.rank
+        recv_rows = [m[j][me] for j in range(comm.size)]
+        out = np.empty((sum(recv_rows),) + req.shape[1:], dtype=entry.array.dtype)
+        self._act([req.name], f"{self.backend.name}_ALLTOALL")
+        self.backend.alltoallv(comm, entry.array.reshape(-1), [c * row for c in m[me]],
+                               out.reshape(-1), [c * row for c in recv_rows])
+        self._act([req.name], None)
+        return out, np.asarray(recv_rows, dtype=np.int32)
+
+    def reducescatter(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> np.ndarray:
+        req = spec.request
+        assert entry.array is not None
+        rows = reducescatter_counts(req.shape[0], comm.size)
+        row = _numel(req.shape[1:])
+        send = entry.array.reshape(-1).copy()
+        out = np.empty((rows[comm.rank],) + req.shape[1:], dtype=entry.array.dtype)
+        op = req.reduce_op
+        post = req.postscale / comm.size if op == AVERAGE else req.postscale
+        scale(send, req.dtype, req.prescale)
+        self._act([req.name], f"{self.backend.name}_REDUCESCATTER")
+        self.backend.reducescatterv(comm, send, out.reshape(-1), [r * row for r in rows],
+                                    req.dtype, SUM if op == AVERAGE else op)
+        self._act([req.name], None)
+        scale(out.reshape(-1), req.dtype, post)
+        return out

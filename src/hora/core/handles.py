@@ -1,0 +1,116 @@
+"""Handles: what every ``*_async`` call returns, a small future the engine thread completes.
+
+A :class:`Handle` acts as Horovod's integer handle too (``int(h)``, ``poll(h)``,
+``synchronize(h)`` with the int), through :class:`HandleTable`. Thread-safe: the user thread
+waits, the engine thread completes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from hora.errors import HoraInternalError
+
+_counter = itertools.count()
+
+
+class Handle:
+    __slots__ = ("_id", "_event", "_result", "_error", "_finalize", "_callbacks", "__weakref__")
+
+    def __init__(self, finalize: Callable[[Any], Any] | None = None) -> None:
+        self._id = next(_counter)
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._finalize = finalize
+        self._callbacks: list[Callable[[Handle], None]] = []
+
+    # -- engine side ----------------------------------------------------------------------
+    def set_result(self, raw: Any) -> None:
+        try:
+            self._result = self._finalize(raw) if self._finalize is not None else raw
+        except BaseException as e:  # a finalizer's failure belongs to the caller
+            self._error = e
+        self._complete()
+
+    def set_error(self, error: BaseException) -> None:
+        self._error = error
+        self._complete()
+
+    def _complete(self) -> None:
+        self._event.set()
+        for cb in self._callbacks:
+            cb(self)
+
+    # -- user side --------------------------------------------------------------------------
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"handle {self._id} did not complete within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    result = wait
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._event.wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
+        """Run ``fn(handle)`` when done (in the engine thread, or now if already done)."""
+        self._callbacks.append(fn)
+        if self._event.is_set() and fn in self._callbacks:
+            self._callbacks.remove(fn)
+            fn(self)
+
+    def __int__(self) -> int:
+        return self._id
+
+    __index__ = __int__
+
+    def __hash__(self) -> int:
+        return self._id
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Handle):
+            return other._id == self._id
+        return isinstance(other, int) and other == self._id
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<hora.Handle {self._id} {state}>"
+
+
+class HandleTable:
+    """Int -> Handle for Horovod-style ``poll(int)`` / ``synchronize(int)``. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: dict[int, Handle] = {}
+
+    def add(self, h: Handle) -> Handle:
+        with self._lock:
+            self._handles[int(h)] = h
+        return h
+
+    def resolve(self, handle: Handle | int) -> Handle | None:
+        if isinstance(handle, Handle):
+            return handle
+        with self._lock:
+            return self._handles.get(int(handle))
+
+    def release(self, handle: Handle | int) -> None:
+        with self._lock:
+            self._handles.pop(int(handle), None)
+
+
+def shut_down_error(cause: str = "") -> HoraInternalError:
+    from hora.errors import SHUT_DOWN_MESSAGE
+
+    return HoraInternalError(SHUT_DOWN_MESSAGE + (f"\nCause: {cause}" if cause else ""))

@@ -1,0 +1,156 @@
+"""What ranks tell the coordinator, and what it answers.
+
+A :class:`Request` is one rank's description of one tensor operation. The coordinator
+(global rank 0) collects requests from every member of a process set, checks that they agree,
+and answers with a :class:`Response` list in one total order that every rank executes in turn.
+A :class:`TensorSpec` is the negotiated description of one tensor: the request of the first rank
+plus what differs per rank (allgather's first dimensions, alltoall's split matrix). Specs are
+what the response cache stores.
+
+Messages travel as JSON (never pickle: a malformed frame can only fail to parse). Pure data;
+safe from any thread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class OpType(IntEnum):
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    ALLTOALL = 3
+    REDUCESCATTER = 4
+    ADASUM = 5
+    BARRIER = 6
+    JOIN = 7
+    ADD_PROCESS_SET = 8
+    REMOVE_PROCESS_SET = 9
+    ERROR = 10
+
+
+# The responses that are worth caching: the ones training repeats every step.
+CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.ADASUM, OpType.ALLTOALL,
+                       OpType.BROADCAST, OpType.REDUCESCATTER})
+FUSIBLE = frozenset({OpType.ALLREDUCE, OpType.REDUCESCATTER})
+
+
+@dataclass(slots=True)
+class Request:
+    op: OpType
+    name: str
+    dtype: str = "uint8"
+    shape: tuple[int, ...] = ()
+    root: int = -1  # broadcast: global root rank
+    reduce_op: int = 1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    splits: tuple[int, ...] | None = None  # alltoall rows per destination
+    group: str = ""  # grouped ops: the group's key
+    group_size: int = 0
+    ranks: tuple[int, ...] | None = None  # process-set ops: the set's ranks
+
+    def to_wire(self) -> list[Any]:
+        return [int(self.op), self.name, self.dtype, list(self.shape), self.root,
+                self.reduce_op, self.prescale, self.postscale,
+                None if self.splits is None else list(self.splits), self.group,
+                self.group_size, None if self.ranks is None else list(self.ranks)]
+
+    @staticmethod
+    def from_wire(w: list[Any]) -> Request:
+        (op, name, dtype, shape, root, reduce_op, pre, post, splits, group, gsize, ranks) = w
+        return Request(OpType(op), str(name), str(dtype), tuple(int(d) for d in shape),
+                       int(root), int(reduce_op), float(pre), float(post),
+                       None if splits is None else tuple(int(s) for s in splits),
+                       str(group), int(gsize), None if ranks is None else tuple(ranks))
+
+    def key(self) -> tuple[Any, ...]:
+        """Everything that must match for a cached response to serve this request again."""
+        return (self.op, self.dtype, self.shape, self.root, self.reduce_op, self.prescale,
+                self.postscale, self.splits, self.group, self.group_size)
+
+
+@dataclass(slots=True)
+class TensorSpec:
+    """One negotiated tensor: the first rank's request plus per-rank data."""
+
+    request: Request
+    first_dims: list[int] | None = None  # allgather: dim 0 per set rank
+    split_matrix: list[list[int]] | None = None  # alltoall: rows sent by rank i to rank j
+
+    def request_for(self, set_rank: int) -> Request:
+        """The request that rank ``set_rank`` made (used to resolve its cache hits)."""
+        req = self.request
+        if self.first_dims is not None:
+            shape = (self.first_dims[set_rank],) + req.shape[1:]
+            return _replace(req, shape=shape)
+        if self.split_matrix is not None:
+            row = tuple(self.split_matrix[set_rank])
+            return _replace(req, splits=row, shape=(sum(row),) + req.shape[1:])
+        return req
+
+    def to_wire(self) -> list[Any]:
+        return [self.request.to_wire(), self.first_dims, self.split_matrix]
+
+    @staticmethod
+    def from_wire(w: list[Any]) -> TensorSpec:
+        return TensorSpec(Request.from_wire(w[0]), w[1], w[2])
+
+
+def _replace(req: Request, **kw: Any) -> Request:
+    vals = {f: getattr(req, f) for f in Request.__slots__}  # type: ignore[attr-defined]
+    vals.update(kw)
+    return Request(**vals)
+
+
+@dataclass(slots=True)
+class Response:
+    op: OpType
+    specs: list[TensorSpec] = field(default_factory=list)
+    error: str = ""
+    last_joined: int = -1
+    process_set_id: int = 0  # for ADD_PROCESS_SET: the id assigned
+
+    @property
+    def names(self) -> list[str]:
+        return [s.request.name for s in self.specs]
+
+
+# --- wire messages -------------------------------------------------------------------------
+# worker -> coordinator: {"t": "req", "ps": id, "ep": epoch, "r": [requests], "h": hitbits-hex}
+#                        {"t": "shutdown"}
+# coordinator -> worker: {"t": "resp", "ps": id, "l": [responses]}  {"t": "shutdown", "why": s}
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return json.dumps(msg, separators=(",", ":")).encode()
+
+
+def decode(payload: bytes) -> dict[str, Any]:
+    try:
+        msg = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"malformed control message: {e}") from None
+    if not isinstance(msg, dict) or "t" not in msg:
+        raise ValueError("malformed control message: not an object with a type")
+    return msg
+
+
+def bits_encode(ids: list[int]) -> str:
+    """Cache ids as a hex bit vector: the fast path's whole message."""
+    if not ids:
+        return ""
+    n = max(ids) + 1
+    buf = bytearray((n + 7) // 8)
+    for i in ids:
+        buf[i >> 3] |= 1 << (i & 7)
+    return buf.hex()
+
+
+def bits_decode(text: str) -> list[int]:
+    buf = bytes.fromhex(text)
+    return [i * 8 + b for i, byte in enumerate(buf) if byte for b in range(8) if byte >> b & 1]

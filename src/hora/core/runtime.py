@@ -1,0 +1,161 @@
+"""init, shutdown and topology: one :class:`Runtime` per ``init()``.
+
+``init`` reads the identity and settings, connects to the rendezvous store (starting it on
+rank 0 when the environment says this rank hosts it), builds the transport, the backend and the
+engine, registers the process sets, and installs an ``atexit`` shutdown. ``shutdown`` stops the
+engine; ``init`` may be called again afterwards (a new generation of connections). Called from
+user threads; guarded by one lock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import Any
+
+from hora.backends.native import NativeBackend
+from hora.core.engine import Engine
+from hora.core.identity import Identity, detect
+from hora.core.process_sets import ProcessSet, global_process_set
+from hora.errors import NOT_INITIALIZED_MESSAGE
+from hora.settings import Settings, load
+
+log = logging.getLogger("hora")
+
+
+class Runtime:
+    def __init__(self, identity: Identity, settings: Settings, generation: int) -> None:
+        self.identity = identity
+        self.settings = settings
+        self.server: Any = None
+        self.store: Any = None
+        transport = None
+        if not identity.is_single:
+            transport = self._connect(identity, settings, generation)
+        self.timeline: Any = None
+        if identity.rank == 0 and settings.timeline and settings.timeline != "DYNAMIC":
+            self.timeline = _make_timeline(settings.timeline, settings.timeline_mark_cycles)
+        self.engine = Engine(identity.rank, identity.size, settings, transport, NativeBackend(),
+                             self.timeline)
+        self.engine.register_global_set()
+        self.engine.start()
+        self.sets: dict[int, ProcessSet] = {0: global_process_set}
+        self.dynamic_counter = 0
+
+    def _connect(self, ident: Identity, settings: Settings, generation: int) -> Any:
+        from hora.rendezvous.client import StoreClient
+        from hora.transport.tcp import TcpTransport
+
+        if ident.secret is None:
+            raise ValueError("HORA_SECRET_KEY is not set: start the job with `hora run`, which "
+                             "creates a per-job secret, or set HORA_SECRET_KEY (hex) on every "
+                             "rank")
+        assert ident.rendezvous_addr is not None and ident.rendezvous_port is not None
+        if ident.host_store and ident.rank == 0:
+            from hora.rendezvous.server import RendezvousServer
+
+            self.server = RendezvousServer(ident.secret, port=ident.rendezvous_port)
+            self.server.start()
+        timeout = settings.gloo_timeout_seconds
+        self.store = StoreClient(ident.rendezvous_addr, ident.rendezvous_port, ident.secret,
+                                 timeout=timeout)
+        return TcpTransport(ident.rank, ident.size, ident.secret, self.store,
+                            prefix=f"hora/{generation}", iface=settings.gloo_iface,
+                            connect_timeout=timeout)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        if self.store is not None:
+            self.store.close()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _make_timeline(path: str, mark_cycles: bool) -> Any:
+    from hora.core.timeline import Timeline
+
+    return Timeline(path, mark_cycles=mark_cycles)
+
+
+_lock = threading.RLock()
+_runtime: Runtime | None = None
+_generation = 0
+_atexit_registered = False
+
+
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Start hora on this process. Idempotent while initialized."""
+    global _runtime, _generation, _atexit_registered
+    with _lock:
+        if _runtime is not None and _runtime.engine.running:
+            return
+        if _runtime is not None:  # the engine died: clean up before starting again
+            shutdown()
+        if comm is not None:
+            raise ValueError(
+                "hvd.init(comm=...) needs the MPI backend, which is not available in this "
+                "build of hora yet; start the job with `hora run` and use process sets instead")
+        settings = load()
+        if process_sets == "dynamic":
+            settings = settings.replace(dynamic_process_sets=True)
+            os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+            process_sets = None
+        _configure_logging(settings)
+        identity = detect()
+        try:
+            _runtime = Runtime(identity, settings, _generation)
+        except Exception as e:
+            raise ValueError(f"Horovod initialization failed: {e}") from e
+        _generation += 1
+        global_process_set.ranks = list(range(identity.size))
+        global_process_set._bind(0, identity.rank)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+    for ps in process_sets or ():
+        if not isinstance(ps, ProcessSet):
+            raise ValueError(f"process_sets must hold hvd.ProcessSet objects, got {ps!r}")
+        from hora.frameworks.ops import register_process_set
+
+        register_process_set(ps)
+
+
+def shutdown() -> None:
+    global _runtime
+    with _lock:
+        rt, _runtime = _runtime, None
+        if rt is None:
+            return
+        for ps in rt.sets.values():
+            if ps is not global_process_set:
+                ps._unbind()
+        rt.close()
+
+
+def runtime() -> Runtime:
+    rt = _runtime
+    if rt is None:
+        raise ValueError(NOT_INITIALIZED_MESSAGE)
+    return rt
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+def _configure_logging(settings: Settings) -> None:
+    level = settings.log_level.upper()
+    level = {"TRACE": "DEBUG", "FATAL": "CRITICAL"}.get(level, level)
+    logger = logging.getLogger("hora")
+    logger.setLevel(getattr(logging, level, logging.WARNING))
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        rank = os.environ.get("HORA_RANK", os.environ.get("HOROVOD_RANK", "0"))
+        fmt = f"[hora rank {rank}] %(levelname)s %(name)s: %(message)s"
+        if not settings.log_hide_time:
+            fmt = "%(asctime)s " + fmt
+        handler.setFormatter(logging.Formatter(fmt))
+        logger.addHandler(handler)
+        logger.propagate = False
