@@ -1,0 +1,85 @@
+"""Recursive-doubling allreduce: the latency-optimal algorithm for small buffers.
+
+With ``p`` the largest power of two not above ``size`` and ``extra = size - p``: the first
+``2 extra`` ranks pair up and each even one hands its buffer to its odd neighbour (and later
+gets the result back), leaving ``p`` ranks. Those exchange their whole buffer with the rank
+``2^k`` away and reduce, for ``k = 0 .. log2(p) - 1``. Cost: ``log2(p)`` exchanges of the
+whole buffer (plus two one-way transfers on the folded ranks), i.e. ``nbytes log2(p)`` per
+rank: best at or below a few tens of KiB, where latency dominates.
+
+Small exchanges use blocking ``send`` then ``recv_into`` on the calling thread (no thread
+hand-off); both peers send first, which is safe while the whole buffer fits in the kernel's
+socket buffers (``EAGER_BYTES``); larger ones send in the background. Both peers reduce the
+same two operands (in opposite order; the ops are commutative), so every rank gets the same
+bits.
+
+Runs on the calling (engine) thread; thread-safe for distinct Comms and buffers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hora.collectives.base import Comm, as_bytes, check_buffer
+from hora.collectives.reduce_ops import reducer
+from hora.transport.base import Pair
+
+EAGER_BYTES = 32 << 10
+
+
+def exchange(pair: Pair, send: np.ndarray, recv: np.ndarray) -> None:
+    """Send ``send`` to ``pair``'s peer while receiving the same number of bytes into ``recv``."""
+    out, into = as_bytes(send), as_bytes(recv)
+    if send.nbytes <= EAGER_BYTES:
+        pair.send(out)
+        pair.recv_into(into)
+    else:
+        work = pair.isend(out)
+        pair.recv_into(into)
+        work.wait()
+
+
+def allreduce_recursive_doubling(
+    comm: Comm,
+    buf: np.ndarray,
+    dtype: str,
+    op: int,
+    *,
+    scratch: np.ndarray | None = None,
+) -> None:
+    """Reduce ``buf`` with ``op`` across the group, in place.
+
+    ``scratch`` (optional, at least ``buf.nbytes`` bytes, C-contiguous) avoids an allocation.
+    """
+    check_buffer(buf, dtype)
+    reduce = reducer(op, dtype)
+    n, rank = comm.size, comm.rank
+    if n == 1 or buf.size == 0:
+        return
+    if scratch is not None and scratch.nbytes >= buf.nbytes:
+        tmp = scratch.reshape(-1).view(np.uint8)[: buf.nbytes].view(buf.dtype)
+    else:
+        tmp = np.empty_like(buf)
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    raw = as_bytes(buf)
+    if rank < 2 * extra:
+        if rank % 2 == 0:
+            pair = comm.pair(rank + 1)
+            pair.send(raw)
+            pair.recv_into(raw)
+            return
+        comm.pair(rank - 1).recv_into(as_bytes(tmp))
+        reduce(buf, tmp)
+        vrank = rank // 2
+    else:
+        vrank = rank - extra
+    mask = 1
+    while mask < p:
+        vpeer = vrank ^ mask
+        peer = 2 * vpeer + 1 if vpeer < extra else vpeer + extra
+        exchange(comm.pair(peer), buf, tmp)
+        reduce(buf, tmp)
+        mask <<= 1
+    if rank < 2 * extra:
+        comm.pair(rank - 1).send(raw)

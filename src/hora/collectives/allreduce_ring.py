@@ -1,0 +1,45 @@
+"""Ring allreduce: a pipelined reduce-scatter followed by a pipelined allgather.
+
+Each of ``size`` ranks sends and receives ``2 (size - 1)`` blocks of ``nbytes / size``: about
+``2 nbytes`` on the wire per rank whatever the world size, in ``2 (size - 1)`` latency steps,
+which makes it the algorithm for large buffers. Segmenting and overlap are in ``ring.py``.
+
+Runs on the calling (engine) thread; thread-safe for distinct Comms and buffers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hora.collectives.base import Comm, check_buffer, offsets_of, split_even
+from hora.collectives.reduce_ops import reducer
+from hora.collectives.ring import SEGMENT_BYTES, ring_pass
+
+
+def allreduce_ring(
+    comm: Comm,
+    buf: np.ndarray,
+    dtype: str,
+    op: int,
+    *,
+    scratch: np.ndarray | None = None,
+    segment_bytes: int = SEGMENT_BYTES,
+) -> None:
+    """Reduce ``buf`` with ``op`` across the group, in place (every rank gets the result)."""
+    check_buffer(buf, dtype)
+    reduce = reducer(op, dtype)
+    n = comm.size
+    if n == 1 or buf.size == 0:
+        return
+    bounds = offsets_of(split_even(buf.size, n))
+    ring_pass(
+        comm,
+        buf,
+        bounds,
+        start=comm.rank,
+        steps=2 * (n - 1),
+        reduce_steps=n - 1,
+        reduce=reduce,
+        scratch=scratch,
+        segment_bytes=segment_bytes,
+    )

@@ -1,0 +1,144 @@
+"""Element-wise reduction and scaling of storage-dtype NumPy buffers, in place.
+
+Reduction op ints follow Horovod (``AVERAGE=0 ... PRODUCT=5``). AVERAGE reduces as SUM: the
+engine folds ``1/size`` into the postscale. bool reduces logically (SUM/MAX = or, MIN/PRODUCT =
+and). bfloat16 (``uint16`` storage) is widened to float32, reduced, and rounded back to nearest
+even. Every kernel is a vectorised NumPy call, which releases the GIL on large arrays.
+
+Pure functions of their arguments; thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from hora.dtypes import DTYPES, FLOATING, storage_dtype
+
+AVERAGE = 0
+SUM = 1
+ADASUM = 2
+MIN = 3
+MAX = 4
+PRODUCT = 5
+
+OP_NAMES: dict[int, str] = {
+    AVERAGE: "Average",
+    SUM: "Sum",
+    ADASUM: "Adasum",
+    MIN: "Min",
+    MAX: "Max",
+    PRODUCT: "Product",
+}
+
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+_UFUNCS: dict[int, np.ufunc] = {
+    AVERAGE: np.add,
+    SUM: np.add,
+    MIN: np.minimum,
+    MAX: np.maximum,
+    PRODUCT: np.multiply,
+}
+_BOOL_UFUNCS: dict[int, np.ufunc] = {
+    AVERAGE: np.logical_or,
+    SUM: np.logical_or,
+    MAX: np.logical_or,
+    MIN: np.logical_and,
+    PRODUCT: np.logical_and,
+}
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Widen bfloat16 storage (``uint16``) to a new float32 array (exact)."""
+    wide = bits.astype(np.uint32)
+    np.left_shift(wide, 16, out=wide)
+    return wide.view(np.float32)
+
+
+def f32_to_bf16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Round float32 to bfloat16 storage, to nearest even; NaN stays a (quiet) NaN.
+
+    Writes into ``out`` (``uint16``, same length) when given, else returns a new array.
+    """
+    src = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = np.right_shift(src, 16)
+    np.bitwise_and(rounded, 1, out=rounded)
+    rounded += 0x7FFF
+    rounded += src
+    np.right_shift(rounded, 16, out=rounded)
+    nan = np.isnan(src.view(np.float32))
+    if nan.any():
+        rounded[nan] = (src[nan] >> 16) | 0x0040
+    if out is None:
+        return rounded.astype(np.uint16)
+    np.copyto(out, rounded, casting="unsafe")
+    return out
+
+
+def _check(op: int, dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise TypeError(f"unsupported dtype {dtype!r}; hora carries {', '.join(DTYPES)}")
+    if op == ADASUM:
+        raise ValueError("Adasum is not an element-wise op; call collectives.adasum instead")
+    if op not in _UFUNCS:
+        raise ValueError(f"unknown reduce op {op!r}; expected one of {sorted(OP_NAMES)}")
+
+
+def reducer(op: int, dtype: str) -> Reducer:
+    """A function doing ``acc = acc (op) incoming`` in place on storage-dtype arrays."""
+    _check(op, dtype)
+    if dtype == "bool":
+        return _ufunc_reducer(_BOOL_UFUNCS[op])
+    if dtype == "bfloat16":
+        return _bf16_reducer(_UFUNCS[op])
+    return _ufunc_reducer(_UFUNCS[op])
+
+
+def _ufunc_reducer(ufunc: np.ufunc) -> Reducer:
+    def reduce(acc: np.ndarray, incoming: np.ndarray) -> None:
+        ufunc(acc, incoming, out=acc)
+
+    return reduce
+
+
+def _bf16_reducer(ufunc: np.ufunc) -> Reducer:
+    def reduce(acc: np.ndarray, incoming: np.ndarray) -> None:
+        wide = bf16_to_f32(acc)
+        ufunc(wide, bf16_to_f32(incoming), out=wide)
+        f32_to_bf16(wide, out=acc)
+
+    return reduce
+
+
+def scale(buf: np.ndarray, dtype: str, factor: float) -> None:
+    """``buf *= factor`` in place; integers are truncated toward zero, bool stays 0/1."""
+    if factor == 1.0 or buf.size == 0:
+        return
+    if dtype not in DTYPES:
+        raise TypeError(f"unsupported dtype {dtype!r}; hora carries {', '.join(DTYPES)}")
+    if buf.dtype != storage_dtype(dtype):
+        raise TypeError(f"buffer dtype {buf.dtype} is not the storage dtype of {dtype}")
+    if dtype == "bfloat16":
+        wide = bf16_to_f32(buf)
+        wide *= np.float32(factor)
+        f32_to_bf16(wide, out=buf)
+    elif dtype == "float16":
+        wide = buf.astype(np.float32)
+        wide *= np.float32(factor)
+        np.copyto(buf, wide, casting="unsafe")
+    elif dtype in FLOATING:
+        np.multiply(buf, buf.dtype.type(factor), out=buf)
+    elif dtype != "bool" and _fits_integer(factor, buf.dtype):
+        np.multiply(buf, buf.dtype.type(int(factor)), out=buf)
+    else:
+        wide64 = buf.astype(np.float64)
+        wide64 *= factor
+        np.trunc(wide64, out=wide64)
+        np.copyto(buf, wide64, casting="unsafe")
+
+
+def _fits_integer(factor: float, dtype: np.dtype) -> bool:
+    info = np.iinfo(dtype)
+    return float(factor).is_integer() and info.min <= factor <= info.max

@@ -1,0 +1,117 @@
+"""The pipelined ring pass shared by ring allreduce, reduce-scatter and allgather.
+
+The buffer is cut into ``size`` blocks. At step ``t`` every rank sends block ``start - t`` to its
+right neighbour and receives block ``start - t - 1`` from its left neighbour; during the first
+``reduce_steps`` steps the incoming block is reduced into place, afterwards it is received
+straight into place. Because the block a rank sends at step ``t + 1`` is the one it received at
+step ``t``, the pass is one stream of segments: each block is cut into segments of about
+``segment_bytes``, and a segment is forwarded as soon as it has been reduced, while the
+receives of the next ``DEPTH - 1`` segments are already posted and earlier sends still drain.
+Sending, receiving and reducing therefore overlap, with ``DEPTH`` segments of scratch.
+
+Receiving straight into a region that an earlier ``isend`` of this rank reads from is safe:
+the incoming bytes of a block are causally after the right neighbour received this rank's
+earlier send of the same segment (the reduced block has to travel around the ring first).
+
+Runs on the calling (engine) thread; thread-safe for distinct Comms and buffers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from hora.collectives.base import Comm, as_bytes, split_even
+from hora.collectives.reduce_ops import Reducer
+from hora.transport.base import Work
+
+SEGMENT_BYTES = 512 << 10
+DEPTH = 3
+
+
+def segments(bounds: Sequence[int], block: int, seg_elems: int) -> list[tuple[int, int]]:
+    """Block ``block`` of ``bounds`` cut into nearly equal segments of at most ``seg_elems``."""
+    lo, hi = bounds[block], bounds[block + 1]
+    count = hi - lo
+    if count == 0:
+        return []
+    out = []
+    for part in split_even(count, -(-count // seg_elems)):
+        out.append((lo, lo + part))
+        lo += part
+    return out
+
+
+def scratch_elems(segment_bytes: int, itemsize: int) -> int:
+    """Scratch elements a reducing ring pass needs (``DEPTH`` segments)."""
+    return DEPTH * max(1, segment_bytes // itemsize)
+
+
+def ring_pass(
+    comm: Comm,
+    buf: np.ndarray,
+    bounds: Sequence[int],
+    start: int,
+    steps: int,
+    reduce_steps: int,
+    reduce: Reducer | None,
+    scratch: np.ndarray | None = None,
+    segment_bytes: int = SEGMENT_BYTES,
+) -> None:
+    """Run ``steps`` ring steps over ``buf`` cut at ``bounds`` (``size + 1`` offsets).
+
+    ``scratch`` (optional, any dtype, C-contiguous) is used for incoming segments when it holds
+    at least :func:`scratch_elems` elements' worth of bytes; otherwise scratch is allocated.
+    """
+    n, rank = comm.size, comm.rank
+    if reduce_steps > 0 and reduce is None:
+        raise ValueError("a reducing ring pass needs a reducer")
+    if n == 1 or steps == 0:
+        return
+    itemsize = buf.itemsize
+    seg_elems = max(1, segment_bytes // itemsize)
+    blocks = [segments(bounds, b, seg_elems) for b in range(n)]
+    units = [
+        (t < reduce_steps, lo, hi, t + 1 < steps)
+        for t in range(steps)
+        for lo, hi in blocks[(start - t - 1) % n]
+    ]
+    raw = as_bytes(buf)
+    right = comm.pair((rank + 1) % n)
+    left = comm.pair((rank - 1) % n)
+
+    slots: list[np.ndarray] = []
+    if reduce_steps > 0:
+        need = DEPTH * seg_elems * itemsize
+        if scratch is None or scratch.nbytes < need:
+            scratch = np.empty(need, np.uint8)
+        flat = scratch.reshape(-1).view(np.uint8)[:need].view(buf.dtype)
+        slots = [flat[i * seg_elems : (i + 1) * seg_elems] for i in range(DEPTH)]
+
+    def region(lo: int, hi: int) -> memoryview:
+        return raw[lo * itemsize : hi * itemsize]
+
+    sends: list[Work] = [right.isend(region(lo, hi)) for lo, hi in blocks[start % n]]
+    posted: deque[Work] = deque()
+
+    def post(i: int) -> None:
+        reducing, lo, hi, _ = units[i]
+        if reducing:
+            posted.append(left.irecv(as_bytes(slots[i % DEPTH][: hi - lo])))
+        else:
+            posted.append(left.irecv(region(lo, hi)))
+
+    for i in range(min(DEPTH, len(units))):
+        post(i)
+    for i, (reducing, lo, hi, forward) in enumerate(units):
+        posted.popleft().wait()
+        if reducing and reduce is not None:
+            reduce(buf[lo:hi], slots[i % DEPTH][: hi - lo])
+        if forward:
+            sends.append(right.isend(region(lo, hi)))
+        if i + DEPTH < len(units):
+            post(i + DEPTH)
+    for work in sends:
+        work.wait()
