@@ -88,8 +88,8 @@ class Job:
             self.port,
             self._preflight.interfaces,
         )
-        stdout = ConsoleSink(sys.stdout.buffer)
-        stderr = ConsoleSink(sys.stderr.buffer)
+        stdout = ConsoleSink(sys.stdout)
+        stderr = ConsoleSink(sys.stderr)
         if self.config.backend == "mpi":
             self._start_mpirun(common, stdout, stderr)
         else:

@@ -27,7 +27,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import BinaryIO
+from io import TextIOBase
+from typing import BinaryIO, TextIO
 
 TIMESTAMP_FORMAT = "%a %b %d %H:%M:%S %Y"
 
@@ -110,16 +111,27 @@ class LinePrefixer:
 
 
 class ConsoleSink:
-    """Serialises whole lines from many pump threads onto one binary stream."""
+    """Serialises whole lines from many pump threads onto one stream.
 
-    def __init__(self, stream: BinaryIO):
-        self._stream = stream
+    A text stream without a binary ``buffer`` (a notebook's ``sys.stdout``) gets decoded text.
+    """
+
+    def __init__(self, stream: TextIO | BinaryIO):
+        self._binary: BinaryIO | None = getattr(stream, "buffer", None)
+        if self._binary is None and not isinstance(stream, TextIOBase):
+            self._binary = stream  # type: ignore[assignment]
+        self._text = stream
         self._lock = threading.Lock()
 
     def write(self, data: bytes) -> None:
         with self._lock:
-            self._stream.write(data)
-            self._stream.flush()
+            if self._binary is not None:
+                self._text.flush()
+                self._binary.write(data)
+                self._binary.flush()
+            else:
+                self._text.write(data.decode(errors="replace"))  # type: ignore[arg-type]
+                self._text.flush()
 
 
 class Worker:
