@@ -162,7 +162,7 @@ class TcpPair:
 
     def recv_msg(self) -> bytes:
         self._receiver.drain()
-        length = self._read_header(MSG_FRAME, None)
+        length = self._read_header(MSG_FRAME)
         body = bytearray(length)
         self._read_body(memoryview(body))
         return bytes(body)
@@ -217,30 +217,47 @@ class TcpPair:
             raise self._fail(e) from e
 
     def _recv_data(self, view: memoryview) -> None:
-        self._read_header(DATA_FRAME, view.nbytes)
-        self._read_body(view)
+        """Read one data frame into ``view``: header and payload with one system call if it can."""
+        if self._closed:
+            raise self._closed_error()
+        try:
+            got = self._sock.recvmsg_into([self._header, view])[0]
+            if got < HEADER.size:
+                if got == 0:
+                    raise EOFError("connection closed by the peer")
+                recv_exact_into(self._sock, memoryview(self._header)[got:])
+                got = HEADER.size
+            self._check_header(DATA_FRAME, view.nbytes)
+            if got - HEADER.size < view.nbytes:
+                recv_exact_into(self._sock, view[got - HEADER.size :])
+        except (OSError, EOFError) as e:
+            raise self._fail(e) from e
 
-    def _read_header(self, kind: int, length: int | None) -> int:
-        """Read one header; check magic, version, kind and length (exact or <= MAX_MESSAGE)."""
+    def _read_header(self, kind: int) -> int:
+        """Read and check the header of one message frame; return its length."""
         if self._closed:
             raise self._closed_error()
         try:
             recv_exact_into(self._sock, memoryview(self._header))
         except (OSError, EOFError) as e:
             raise self._fail(e) from e
+        return self._check_header(kind, None)
+
+    def _check_header(self, kind: int, length: int | None) -> int:
+        """Check magic, version, kind and length (exact, or at most MAX_MESSAGE if None)."""
         magic, version, got_kind, got_length = HEADER.unpack(self._header)
-        problem = None
+        if magic == MAGIC and version == VERSION and got_kind == kind:
+            if got_length == length or (length is None and got_length <= MAX_MESSAGE):
+                return int(got_length)
         if magic != MAGIC or version != VERSION:
             problem = f"bad magic/version {magic:#x}/{version}"
         elif got_kind != kind:
             problem = f"expected a {FRAME_NAMES[kind]}, got {FRAME_NAMES.get(got_kind, got_kind)}"
-        elif length is not None and got_length != length:
+        elif length is not None:
             problem = f"expected {length} bytes, the peer sent {got_length}"
-        elif length is None and got_length > MAX_MESSAGE:
+        else:
             problem = f"message of {got_length} bytes exceeds MAX_MESSAGE={MAX_MESSAGE}"
-        if problem is not None:
-            raise self._fail(f"malformed frame from {self._what}: {problem}")
-        return int(got_length)
+        raise self._fail(f"malformed frame from {self._what}: {problem}")
 
     def _read_body(self, view: memoryview) -> None:
         try:
