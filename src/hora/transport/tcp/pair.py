@@ -246,9 +246,9 @@ class TcpPair:
     def _check_header(self, kind: int, length: int | None) -> int:
         """Check magic, version, kind and length (exact, or at most MAX_MESSAGE if None)."""
         magic, version, got_kind, got_length = HEADER.unpack(self._header)
-        if magic == MAGIC and version == VERSION and got_kind == kind:
-            if got_length == length or (length is None and got_length <= MAX_MESSAGE):
-                return int(got_length)
+        length_ok = got_length == length or (length is None and got_length <= MAX_MESSAGE)
+        if magic == MAGIC and version == VERSION and got_kind == kind and length_ok:
+            return int(got_length)
         if magic != MAGIC or version != VERSION:
             problem = f"bad magic/version {magic:#x}/{version}"
         elif got_kind != kind:
