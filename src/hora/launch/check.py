@@ -61,7 +61,7 @@ def _mpi() -> Finding:
             f"mpi4py is not importable ({e}); install an MPI library (e.g. "
             "apt-get install libopenmpi-dev openmpi-bin) and pip install 'hora[mpi]'",
         )
-    library = mpi.Get_library_version().strip().splitlines()[0]
+    library = mpi.Get_library_version().replace("\x00", "").strip().splitlines()[0]
     major, minor = mpi.Get_version()
     return Finding("backends", "MPI", True, f"{library.rstrip(', ')} (MPI {major}.{minor})")
 

@@ -1,0 +1,95 @@
+"""core.identity.detect from hora's, Open MPI's, MPICH's, torchrun's and Slurm's variables."""
+
+from __future__ import annotations
+
+import pytest
+
+from hora.core.identity import detect, expand_tasks_per_node, first_slurm_host
+
+
+def test_single_process() -> None:
+    ident = detect({})
+    assert ident.is_single and ident.source == "single"
+
+
+def test_hora_variables() -> None:
+    env = {"HORA_RANK": "1", "HORA_SIZE": "2", "HORA_RENDEZVOUS_ADDR": "h", "HORA_RENDEZVOUS_PORT":
+           "9", "HORA_SECRET_KEY": "0a0b", "SLURM_PROCID": "5", "SLURM_STEP_ID": "0"}  # fmt: skip
+    ident = detect(env)
+    assert (ident.source, ident.rank, ident.secret, ident.host_store) == ("hora", 1, b"\n\x0b",
+                                                                           False)  # fmt: skip
+
+
+def test_torchrun_variables() -> None:
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    env.update(MASTER_ADDR="node0", MASTER_PORT="29500", TORCHELASTIC_RUN_ID="job1")
+    ident = detect(env)
+    assert ident.source == "torchrun"
+    assert (ident.rank, ident.size, ident.local_rank, ident.local_size) == (5, 8, 1, 4)
+    assert (ident.cross_rank, ident.cross_size) == (1, 2)
+    assert (ident.rendezvous_addr, ident.rendezvous_port) == ("node0", 29501)
+    assert ident.host_store is False and ident.secret
+    root = detect({**env, "RANK": "0", "LOCAL_RANK": "0"})
+    assert root.host_store is True and root.secret == ident.secret
+    other_job = detect({**env, "TORCHELASTIC_RUN_ID": "job2"})
+    assert other_job.secret != ident.secret
+
+
+def test_operator_style_variables_and_explicit_secret() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "pod0", "MASTER_PORT": "23456",
+           "HORA_SECRET_KEY": "ff"}  # fmt: skip
+    ident = detect(env)
+    assert ident.rendezvous_port == 23456 and ident.secret == b"\xff" and ident.host_store
+    assert (ident.local_rank, ident.local_size, ident.cross_rank, ident.cross_size) == (0, 1, 0, 2)
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        detect({"RANK": "0", "WORLD_SIZE": "2"})
+
+
+def test_slurm_variables() -> None:
+    env = {"SLURM_PROCID": "4", "SLURM_STEP_NUM_TASKS": "5", "SLURM_LOCALID": "1",
+           "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "3,2", "SLURM_STEP_ID": "0",
+           "SLURM_JOB_ID": "77", "SLURM_STEP_NODELIST": "gpu[07-08]"}  # fmt: skip
+    ident = detect(env)
+    assert ident.source == "slurm"
+    assert (ident.rank, ident.size, ident.local_rank, ident.local_size) == (4, 5, 1, 2)
+    assert (ident.cross_rank, ident.cross_size) == (1, 2)
+    assert ident.rendezvous_addr == "gpu07" and 20000 <= (ident.rendezvous_port or 0) < 40000
+    assert not ident.host_store
+    assert detect({**env, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                   "SLURM_NODEID": "0"}).host_store  # fmt: skip
+    # A batch script (no step) is not a Slurm step: a world of one.
+    assert detect({k: v for k, v in env.items() if k != "SLURM_STEP_ID"}).is_single
+
+
+def test_slurm_helpers() -> None:
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert first_slurm_host("node[07-09,12],gpu1") == "node07"
+    assert first_slurm_host("login1,login2") == "login1"
+    with pytest.raises(ValueError):
+        expand_tasks_per_node("2(y3)")
+
+
+def test_open_mpi_variables() -> None:
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+           "OMPI_MCA_orte_num_nodes": "1", "OMPI_MCA_ess_base_jobid": "123"}  # fmt: skip
+    ident = detect(env)
+    assert (ident.source, ident.rank, ident.size, ident.local_rank) == ("mpi", 1, 2, 1)
+    assert ident.rendezvous_addr == "127.0.0.1" and not ident.host_store
+    assert detect({**env, "OMPI_COMM_WORLD_RANK": "0"}).host_store
+    launched = detect({**env, "HORA_RENDEZVOUS_ADDR": "10.0.0.1", "HORA_RENDEZVOUS_PORT": "5",
+                       "HORA_SECRET_KEY": "01", "OMPI_COMM_WORLD_RANK": "0"})  # fmt: skip
+    assert launched.rendezvous_addr == "10.0.0.1" and launched.rendezvous_port == 5
+    assert launched.secret == b"\x01" and not launched.host_store
+    multi = {**env, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_MCA_orte_num_nodes": "2"}
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        detect(multi)
+    ident = detect({**multi, "MASTER_ADDR": "n0"})
+    assert (ident.cross_rank, ident.cross_size) == (0, 2)
+
+
+def test_mpich_variables() -> None:
+    env = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2",
+           "MASTER_ADDR": "n0", "PMI_KVSNAME": "kvs_1"}  # fmt: skip
+    ident = detect(env)
+    assert (ident.source, ident.rank, ident.cross_rank, ident.cross_size) == ("mpi", 2, 1, 2)

@@ -1,0 +1,49 @@
+"""What workers inherit: Horovod's exclusions, tunables, identity, store, backend."""
+
+from __future__ import annotations
+
+from hora.launch.hosts import assign_ranks, parse_hosts
+from hora.launch.workerenv import exportable, job_env, rank_env
+from hora.settings import load
+
+BASE = {
+    "PATH": "/usr/bin",
+    "MY_VAR": "x y 'z'",
+    "BASH_FUNC_module%%": "() { :; }",
+    "OLDPWD": "/old",
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "NVIDIA_CUDA_VISIBLE_DEVICES": "0",
+    "HORA_SECRET_KEY": "ab",
+    "HOROVOD_SECRET_KEY": "cd",
+    "HOROVOD_RANK": "7",
+    "HOROVOD_FUSION_THRESHOLD": "5",
+}
+
+
+def test_exclusions() -> None:
+    env = exportable(BASE)
+    assert env["PATH"] == "/usr/bin" and env["MY_VAR"] == "x y 'z'"
+    for name in ("BASH_FUNC_module%%", "OLDPWD", "CUDA_VISIBLE_DEVICES",
+                 "NVIDIA_CUDA_VISIBLE_DEVICES", "HORA_SECRET_KEY", "HOROVOD_SECRET_KEY",
+                 "HOROVOD_RANK"):  # fmt: skip
+        assert name not in env
+
+
+def test_job_and_rank_env() -> None:
+    common = job_env(BASE, load(BASE), "gloo", 4321, ["eth0", "eth1"])
+    slot = assign_ranks(parse_hosts("a:1,b:2"), 3)[2]
+    env = rank_env(common, slot, "10.0.0.1")
+    assert env["HORA_RANK"] == env["HOROVOD_RANK"] == "2"
+    assert env["HORA_LOCAL_RANK"] == "1" and env["HORA_CROSS_SIZE"] == "1"
+    assert env["HORA_RENDEZVOUS_ADDR"] == env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "10.0.0.1"
+    assert env["HORA_RENDEZVOUS_PORT"] == env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "4321"
+    assert env["HORA_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+    assert env["HORA_GLOO_IFACE"] == "eth0" and env["NCCL_SOCKET_IFNAME"] == "eth0,eth1"
+    assert env["HORA_FUSION_THRESHOLD"] == env["HOROVOD_FUSION_THRESHOLD"] == "5"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert "HORA_SECRET_KEY" not in env and "HOROVOD_SECRET_KEY" not in env
+
+
+def test_native_backend_sets_no_controller() -> None:
+    env = job_env({}, load({}), "native", 1, [])
+    assert "HORA_CONTROLLER" not in env and "HORA_GLOO_IFACE" not in env
