@@ -110,6 +110,9 @@ KNOBS: tuple[Knob, ...] = (
          "Use TCP even between ranks on the same host.", None, None, None),
     Knob("liveness_timeout_seconds", float, 5.0, "LIVENESS_TIMEOUT_SECONDS",
          "Seconds without a heartbeat after which a peer counts as dead.", None, None, None),
+    Knob("cpu_bind", str, "auto", "CPU_BIND",
+         "auto: give each local rank its own slice of the host's cores (when nothing bound the "
+         "process already); none: leave placement to the OS.", "--cpu-bind", None, None),
     Knob("thread_affinity", str, "", "THREAD_AFFINITY",
          "Core to pin the engine thread to (accepted, not used).", "--thread-affinity",
          None, None),
@@ -167,6 +170,7 @@ class Settings:
     gloo_iface: str = ""
     shm_disable: bool = False
     liveness_timeout_seconds: float = 5.0
+    cpu_bind: str = "auto"
     thread_affinity: str = ""
     explicit: frozenset[str] = field(default_factory=frozenset)  # fields set by env
 

@@ -104,6 +104,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             process_sets = None
         _configure_logging(settings)
         identity = detect()
+        _bind_cpus(identity, settings.cpu_bind)
         try:
             _runtime = Runtime(identity, settings, _generation)
         except Exception as e:
@@ -143,6 +144,28 @@ def runtime() -> Runtime:
 
 def is_initialized() -> bool:
     return _runtime is not None
+
+
+def _bind_cpus(ident: Identity, mode: str) -> None:
+    """Give each local rank its own slice of cores, so that its threads stay together.
+
+    Two ranks on a two-core host run their collectives twice as fast when neither migrates
+    between cores. Only done when nothing (mpirun, Slurm, taskset, the user) bound the process
+    already, and never to fewer cores than one per rank. ``HORA_CPU_BIND=none`` turns it off.
+    """
+    if mode.lower() != "auto" or ident.local_size <= 1 or not hasattr(os, "sched_getaffinity"):
+        return
+    avail = sorted(os.sched_getaffinity(0))
+    if len(avail) != os.cpu_count() or len(avail) < ident.local_size:
+        return
+    per = len(avail) // ident.local_size
+    cores = set(avail[ident.local_rank * per:(ident.local_rank + 1) * per])
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            pass  # a thread that ended meanwhile
+    log.debug("local rank %d bound to cores %s", ident.local_rank, sorted(cores))
 
 
 def _configure_logging(settings: Settings) -> None:
