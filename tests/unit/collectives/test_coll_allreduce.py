@@ -1,0 +1,155 @@
+"""Allreduce (ring, recursive doubling, and the registry's choice) over loopback threads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import pytest
+from coll_helpers import run_ranks, to_storage
+
+from hora.collectives import registry
+from hora.collectives.base import GroupComm
+from hora.collectives.reduce_ops import AVERAGE, MAX, MIN, PRODUCT, SUM, bf16_to_f32
+from hora.dtypes import DTYPES, FLOATING
+from hora.transport.loopback import LoopbackTransport
+
+OPS = [AVERAGE, SUM, MIN, MAX, PRODUCT]
+SIZES = [0, 1, 3, 4, 17, 1001]
+ALGORITHMS: dict[str, Callable[..., None]] = {
+    "ring": registry.allreduce_ring,
+    "ring_small_segments": partial(registry.allreduce_ring, segment_bytes=24),
+    "recursive_doubling": registry.allreduce_recursive_doubling,
+    "registry": registry.allreduce,
+}
+
+
+def rank_input(rank: int, count: int, dtype: str, op: int) -> np.ndarray:
+    """Small integers (or booleans), so that every op is exact in every dtype."""
+    idx = np.arange(count)
+    if dtype == "bool":
+        return (idx * (rank + 3)) % 5 < 2
+    if op == PRODUCT:
+        return 1 + (idx + rank) % 2
+    low = 0 if dtype.startswith("uint") else -5
+    return low + (idx * 7 + rank * 3) % 11
+
+
+def expected(size: int, count: int, dtype: str, op: int) -> np.ndarray:
+    stack = np.stack([rank_input(r, count, dtype, op) for r in range(size)])
+    if dtype == "bool":
+        return stack.any(0) if op in (SUM, AVERAGE, MAX) else stack.all(0)
+    reduce = {MIN: np.min, MAX: np.max, PRODUCT: np.prod}.get(op, np.sum)
+    return reduce(stack, axis=0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_op_dtype_and_length(algorithm: str, size: int, dtype: str) -> None:
+    run = ALGORITHMS[algorithm]
+
+    def body(t: LoopbackTransport) -> list[np.ndarray]:
+        out = []
+        for op in OPS:
+            for count in SIZES:
+                buf = to_storage(rank_input(t.rank, count, dtype, op), dtype)
+                run(t, buf, dtype, op)
+                out.append(buf)
+        return out
+
+    results = run_ranks(size, body)
+    cases = [(op, count) for op in OPS for count in SIZES]
+    for rank_results in results:
+        for (op, count), got in zip(cases, rank_results):
+            want = to_storage(expected(size, count, dtype, op), dtype)
+            np.testing.assert_array_equal(got, want, err_msg=f"op {op} count {count}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("dtype", sorted(FLOATING))
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_random_floats_identical_on_every_rank(size: int, dtype: str, algorithm: str) -> None:
+    count = (3 << 20) // 4 + 7 if algorithm == "ring" else 3001  # several pipeline segments
+    inputs = [np.random.default_rng(r).standard_normal(count) for r in range(size)]
+    run = ALGORITHMS[algorithm]
+
+    def body(t: LoopbackTransport) -> np.ndarray:
+        buf = to_storage(inputs[t.rank], dtype)
+        run(t, buf, dtype, SUM)
+        return buf
+
+    results = run_ranks(size, body)
+    for got in results[1:]:
+        np.testing.assert_array_equal(got, results[0])
+    got64 = (bf16_to_f32(results[0]) if dtype == "bfloat16" else results[0]).astype(np.float64)
+    rounded = [
+        (bf16_to_f32(x) if dtype == "bfloat16" else x).astype(np.float64)
+        for x in (to_storage(v, dtype) for v in inputs)
+    ]
+    tol = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}[dtype]
+    np.testing.assert_allclose(got64, np.sum(rounded, axis=0), rtol=tol, atol=tol * size)
+
+
+@pytest.mark.timeout(60)
+def test_registry_threshold_picks_both_paths_and_validates() -> None:
+    def body(t: LoopbackTransport) -> list[np.ndarray]:
+        small = np.full(10, t.rank + 1, np.int32)
+        large = np.full(10, t.rank + 1, np.int32)
+        registry.allreduce(t, small, "int32", SUM, small_threshold=40)  # recursive doubling
+        registry.allreduce(t, large, "int32", SUM, small_threshold=39)  # ring
+        return [small, large]
+
+    for small, large in run_ranks(3, body):
+        np.testing.assert_array_equal(small, np.full(10, 6))
+        np.testing.assert_array_equal(large, np.full(10, 6))
+
+    def bad(t: LoopbackTransport) -> None:
+        registry.allreduce(t, np.zeros(4, np.float32), "float64", SUM)
+
+    with pytest.raises(TypeError, match="float64"):
+        run_ranks(1, bad)
+    with pytest.raises(ValueError, match="Adasum"):
+        run_ranks(1, lambda t: registry.allreduce(t, np.zeros(4), "float64", 2))
+    with pytest.raises(ValueError, match="1-D"):
+        run_ranks(1, lambda t: registry.allreduce(t, np.zeros((2, 2)), "float64", SUM))
+
+
+@pytest.mark.timeout(60)
+def test_scratch_is_reused() -> None:
+    scratch = [np.zeros(2 << 20, np.uint8) for _ in range(3)]
+
+    def body(t: LoopbackTransport) -> np.ndarray:
+        buf = np.arange(300_000, dtype=np.float32)
+        registry.allreduce_ring(t, buf, "float32", SUM, scratch=scratch[t.rank])
+        small = np.arange(100, dtype=np.float32)
+        registry.allreduce_recursive_doubling(t, small, "float32", MAX, scratch=scratch[t.rank])
+        np.testing.assert_array_equal(small, np.arange(100))
+        return buf
+
+    for got in run_ranks(3, body):
+        np.testing.assert_array_equal(got, np.arange(300_000, dtype=np.float32) * 3)
+    assert all(s.any() for s in scratch)  # the scratch held incoming segments
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_process_subset_through_group_comm(algorithm: str) -> None:
+    members = [1, 3, 4]
+    run = ALGORITHMS[algorithm]
+
+    def body(t: LoopbackTransport) -> np.ndarray | None:
+        if t.rank not in members:
+            return None
+        buf = np.full(5, t.rank, np.int64)
+        run(GroupComm(t, members), buf, "int64", SUM)
+        return buf
+
+    results = run_ranks(5, body)
+    for rank in members:
+        np.testing.assert_array_equal(results[rank], np.full(5, sum(members)))
+    with pytest.raises(ValueError, match="not a member"):
+        run_ranks(2, lambda t: GroupComm(t, [1]))
