@@ -136,10 +136,10 @@ class TcpTransport:
             raise ValueError(f"channel must be DATA ({DATA}) or CONTROL ({CONTROL}), got {channel}")
         key = (peer, channel)
         with self._lock:
+            self._check_open()
             found = self._pairs.get(key)
             if found is not None:
                 return found
-            self._check_open()
             connecting = self._connecting.setdefault(key, threading.Lock())
         with connecting:
             with self._lock:

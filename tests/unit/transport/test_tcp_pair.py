@@ -1,0 +1,170 @@
+"""TcpPair framing on a real socket pair: one end a TcpPair, the other a TcpPair or raw bytes."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from hora.errors import TransportError
+from hora.transport.base import CONTROL, DATA, MAX_MESSAGE, Pair, Work
+from hora.transport.tcp import TcpPair
+from hora.transport.tcp.wire import DATA_FRAME, HEADER, MAGIC, MSG_FRAME, VERSION
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def pairs() -> Iterator[tuple[TcpPair, TcpPair]]:
+    a, b = socket.socketpair()
+    left, right = TcpPair(a, 1, DATA), TcpPair(b, 0, DATA)
+    yield left, right
+    left.close()
+    right.close()
+
+
+@pytest.fixture
+def half() -> Iterator[tuple[TcpPair, socket.socket]]:
+    a, b = socket.socketpair()
+    pair = TcpPair(a, 2, CONTROL)
+    yield pair, b
+    pair.close()
+    b.close()
+
+
+def test_satisfies_protocols(pairs: tuple[TcpPair, TcpPair]) -> None:
+    left, right = pairs
+    assert isinstance(left, Pair)
+    assert isinstance(left.isend(b""), Work)
+    right.recv_into(bytearray(0))
+
+
+def test_data_and_messages_in_order(pairs: tuple[TcpPair, TcpPair]) -> None:
+    left, right = pairs
+    payload = np.arange(300_000, dtype=np.float64)  # larger than the socket buffers
+
+    def sender() -> None:
+        left.send(payload)
+        left.send_msg(b"hello")
+        left.send(b"")
+        left.send_msg(b"")
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    got = np.zeros_like(payload)
+    right.recv_into(got)
+    assert right.recv_msg() == b"hello"
+    right.recv_into(bytearray(0))
+    assert right.recv_msg() == b""
+    thread.join(10)
+    np.testing.assert_array_equal(got, payload)
+
+
+def test_isend_irecv_keep_order_with_blocking_calls(pairs: tuple[TcpPair, TcpPair]) -> None:
+    left, right = pairs
+    sent = [np.full(1000 + i, i, dtype=np.int32) for i in range(20)]
+    got = [np.zeros(1000 + i, dtype=np.int32) for i in range(21)]
+    recvs = [right.irecv(g) for g in got[:20]]
+    sends = [left.isend(s) for s in sent]
+    left.send(np.full(1020, 20, dtype=np.int32))  # queued behind the isends
+    right.recv_into(got[20])  # waits for the irecvs first
+    for work in sends + recvs:
+        work.wait(10)
+        assert work.done()
+    for i, g in enumerate(got):
+        assert (g == i).all()
+
+
+def test_wrong_length_closes_the_pair(pairs: tuple[TcpPair, TcpPair]) -> None:
+    left, right = pairs
+    left.send(bytearray(10))
+    with pytest.raises(TransportError, match="malformed frame from rank 0.*expected 8 bytes"):
+        right.recv_into(bytearray(8))
+    assert right.closed
+    with pytest.raises(TransportError, match="rank 0"):
+        right.recv_into(bytearray(8))
+    with pytest.raises(TransportError):
+        right.isend(b"x").wait(5)
+
+
+def test_message_where_data_expected_is_malformed(pairs: tuple[TcpPair, TcpPair]) -> None:
+    left, right = pairs
+    left.send_msg(b"abc")
+    with pytest.raises(TransportError, match="expected a data frame, got message frame"):
+        right.recv_into(bytearray(3))
+
+
+def test_recv_msg_rejects_oversized_and_garbage(half: tuple[TcpPair, socket.socket]) -> None:
+    pair, raw = half
+    raw.sendall(HEADER.pack(MAGIC, VERSION, MSG_FRAME, MAX_MESSAGE + 1))
+    with pytest.raises(TransportError, match="exceeds MAX_MESSAGE"):
+        pair.recv_msg()
+    a, b = socket.socketpair()
+    other = TcpPair(a, 3, DATA)
+    b.sendall(b"GARBAGE-GARBAGE-GARBAGE")
+    with pytest.raises(TransportError, match="bad magic"):
+        other.recv_into(bytearray(11))
+    b.close()
+
+
+def test_header_split_across_reads(half: tuple[TcpPair, socket.socket]) -> None:
+    pair, raw = half
+    buf = bytearray(4)
+    thread = threading.Thread(target=pair.recv_into, args=(buf,), daemon=True)
+    thread.start()
+    frame = HEADER.pack(MAGIC, VERSION, DATA_FRAME, 4) + b"abcd"
+    for i in range(len(frame)):
+        raw.sendall(frame[i : i + 1])
+    thread.join(10)
+    assert buf == b"abcd"
+
+
+def test_peer_close_raises_naming_the_rank(half: tuple[TcpPair, socket.socket]) -> None:
+    pair, raw = half
+    work = pair.irecv(bytearray(16))
+    raw.close()
+    with pytest.raises(TransportError, match=r"rank 2 \(control channel\) closed \(peer exited"):
+        work.wait(10)
+
+
+def test_close_unblocks_a_blocked_recv(pairs: tuple[TcpPair, TcpPair]) -> None:
+    _, right = pairs
+    errors: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            right.recv_into(bytearray(100))
+        except TransportError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    thread.join(0.2)
+    right.close()
+    right.close()  # idempotent
+    thread.join(5)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and "closed by this rank" in str(errors[0])
+
+
+def test_work_wait_timeout_leaves_pair_open(pairs: tuple[TcpPair, TcpPair]) -> None:
+    left, right = pairs
+    work = right.irecv(bytearray(3))
+    with pytest.raises(TimeoutError):
+        work.wait(0.05)
+    left.send(b"xyz")
+    work.wait(10)
+    assert not right.closed
+
+
+def test_bad_buffers_raise_type_error(pairs: tuple[TcpPair, TcpPair]) -> None:
+    left, right = pairs
+    with pytest.raises(TypeError, match="read-only"):
+        right.recv_into(b"immutable")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="contiguous"):
+        left.send(np.zeros((4, 4))[:, 0])
+    with pytest.raises(TypeError, match="contiguous"):
+        left.send(42)  # type: ignore[arg-type]
