@@ -114,7 +114,11 @@ class TcpTransport:
             target=self._accept_loop, name=f"hora-tcp-accept-{rank}", daemon=True
         )
         self._acceptor.start()
-        store.set(self._addr_key(rank), f"{host}:{self._address[1]}".encode())
+        try:
+            store.set(self._addr_key(rank), f"{host}:{self._address[1]}".encode())
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def listen_address(self) -> tuple[str, int]:
