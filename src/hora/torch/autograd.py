@@ -1,0 +1,296 @@
+"""The blocking collectives on torch tensors, differentiable with Horovod's backward rules.
+
+- allreduce: the gradient is allreduced with the same op and scale factors.
+- allgather: the gradient is Average-allreduced, then this rank's rows are kept.
+- broadcast: the gradient is Average-allreduced on the root and zero elsewhere.
+- alltoall: the gradient's rows go back where they came from (alltoall with the received splits).
+- reducescatter: the gradient is allgathered (and multiplied by the set's size for Sum).
+Grouped forms follow the same rules per tensor. Backward ops are named ``<name>.grad`` when the
+forward op was named, so ranks agree on them.
+
+Runs in the caller's thread (forward) and in autograd's backward thread; blocking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.autograd import Function
+
+import hora
+from hora import global_process_set
+from hora.frameworks.ops import Average, Sum
+from hora.torch.compression import Compression, Compressor
+from hora.torch.mpi_ops import (
+    ProcessSet,
+    allgather_async,
+    allreduce_async,
+    alltoall_async,
+    broadcast_async,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_reducescatter_async,
+    reduce_op,
+    reducescatter_async,
+    synchronize,
+)
+
+
+def _grad_name(name: str | None) -> str | None:
+    return None if name is None else f"{name}.grad"
+
+
+def _set(process_set: ProcessSet) -> Any:
+    return global_process_set if process_set is None else process_set
+
+
+def _my_offsets(rows: list[int], name: str | None, process_set: ProcessSet) -> list[int]:
+    """For each of this rank's row counts, the number of rows the lower ranks contributed."""
+    mine = torch.tensor([rows], dtype=torch.int64)
+    rows_name = None if name is None else f"{name}.grad_rows"
+    everyone = synchronize(allgather_async(mine, rows_name, process_set))
+    below = everyone[: _set(process_set).rank()]
+    return below.sum(dim=0).tolist()
+
+
+def _rows(t: torch.Tensor) -> int:
+    return int(t.shape[0]) if t.ndim else 1
+
+
+class _Allreduce(Function):
+    @staticmethod
+    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
+        ctx.args = (name, op, prescale, postscale, process_set)
+        h = allreduce_async(tensor, None, name, op, prescale, postscale, process_set)
+        return synchronize(h)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        name, op, prescale, postscale, ps = ctx.args
+        g = _Allreduce.apply(grad, _grad_name(name), op, prescale, postscale, ps)
+        return g, None, None, None, None, None
+
+
+class _GroupedAllreduce(Function):
+    @staticmethod
+    def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+        ctx.args = (name, op, prescale, postscale, process_set)
+        h = grouped_allreduce_async(tensors, None, name, op, prescale, postscale, process_set)
+        return tuple(synchronize(h))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor):  # type: ignore[override]
+        name, op, prescale, postscale, ps = ctx.args
+        reduced = _GroupedAllreduce.apply(_grad_name(name), op, prescale, postscale, ps, *grads)
+        return (None, None, None, None, None, *reduced)
+
+
+class _Allgather(Function):
+    @staticmethod
+    def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
+        ctx.shape, ctx.rows, ctx.args = tensor.shape, _rows(tensor), (name, process_set)
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        name, ps = ctx.args
+        reduced = _Allreduce.apply(grad, _grad_name(name), Average, 1.0, 1.0, ps)
+        (offset,) = _my_offsets([ctx.rows], name, ps)
+        return reduced.narrow(0, offset, ctx.rows).reshape(ctx.shape), None, None
+
+
+class _GroupedAllgather(Function):
+    @staticmethod
+    def forward(ctx: Any, name, process_set, *tensors):  # type: ignore[override]
+        ctx.shapes = [t.shape for t in tensors]
+        ctx.rows = [_rows(t) for t in tensors]
+        ctx.args = (name, process_set)
+        return tuple(synchronize(grouped_allgather_async(tensors, name, process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor):  # type: ignore[override]
+        name, ps = ctx.args
+        reduced = _GroupedAllreduce.apply(_grad_name(name), Average, 1.0, 1.0, ps, *grads)
+        offsets = _my_offsets(ctx.rows, name, ps)
+        return (None, None) + tuple(
+            r.narrow(0, off, rows).reshape(shape)
+            for r, off, rows, shape in zip(reduced, offsets, ctx.rows, ctx.shapes)
+        )
+
+
+class _Broadcast(Function):
+    @staticmethod
+    def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
+        ctx.args = (root_rank, name, process_set)
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        root_rank, name, ps = ctx.args
+        reduced = _Allreduce.apply(grad, _grad_name(name), Average, 1.0, 1.0, ps)
+        if hora.rank() != root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None, None
+
+
+class _Alltoall(Function):
+    @staticmethod
+    def forward(ctx: Any, tensor, splits, name, process_set):  # type: ignore[override]
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.args = received, (name, process_set)
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _grad_splits: Any):  # type: ignore[override]
+        name, ps = ctx.args
+        back, _ = _Alltoall.apply(grad, ctx.received, _grad_name(name), ps)
+        return back, None, None, None
+
+
+class _Reducescatter(Function):
+    @staticmethod
+    def forward(ctx: Any, tensor, name, op, process_set, prescale, postscale):  # type: ignore[override]
+        ctx.args = (name, op, process_set)
+        h = reducescatter_async(tensor, name, op, process_set, prescale, postscale)
+        return synchronize(h)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+        name, op, ps = ctx.args
+        if op == Sum:
+            grad = grad * _set(ps).size()
+        return _Allgather.apply(grad, _grad_name(name), ps), None, None, None, None, None
+
+
+class _GroupedReducescatter(Function):
+    @staticmethod
+    def forward(ctx: Any, name, op, process_set, prescale, postscale, *tensors):  # type: ignore[override]
+        ctx.args = (name, op, process_set)
+        h = grouped_reducescatter_async(tensors, name, op, process_set, prescale, postscale)
+        return tuple(synchronize(h))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor):  # type: ignore[override]
+        name, op, ps = ctx.args
+        if op == Sum:
+            grads = tuple(g * _set(ps).size() for g in grads)
+        gathered = _GroupedAllgather.apply(_grad_name(name), ps, *grads)
+        return (None, None, None, None, None, *gathered)
+
+
+# -- the user-facing blocking forms ---------------------------------------------------------
+def allreduce(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce ``tensor`` over the set (default op Average); a new tensor, differentiable."""
+    op = reduce_op(average, op)
+    sent, ctx = compression.compress(tensor)
+    out = _Allreduce.apply(sent, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(out, ctx)
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Reduce a list of tensors as one unit; new tensors, differentiable."""
+    op = reduce_op(average, op)
+    sent, ctxs = zip(*(compression.compress(t) for t in tensors)) if tensors else ((), ())
+    outs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set, *sent)
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+
+
+def allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0; differentiable."""
+    return _Allgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """``root_rank``'s tensor (``root_rank`` is a global rank), as a new tensor; differentiable."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | Sequence[int] | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Send ``splits[i]`` rows to rank i (equal blocks when None). Returns the received rows,
+    or ``(output, received_splits)`` when ``splits`` was given; differentiable."""
+    output, received = _Alltoall.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Reduce ``tensor`` and keep this rank's block of dim 0; differentiable."""
+    sent, ctx = compression.compress(tensor)
+    out = _Reducescatter.apply(sent, name, op, process_set, prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    sent, ctxs = zip(*(compression.compress(t) for t in tensors)) if tensors else ((), ())
+    outs = _GroupedReducescatter.apply(
+        name, op, process_set, prescale_factor, postscale_factor, *sent
+    )
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+
+
+__all__ = [
+    "allreduce",
+    "grouped_allreduce",
+    "allgather",
+    "grouped_allgather",
+    "broadcast",
+    "alltoall",
+    "reducescatter",
+    "grouped_reducescatter",
+]

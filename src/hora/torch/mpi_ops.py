@@ -1,0 +1,440 @@
+"""horovod.torch's collectives on torch tensors: async, in-place, grouped, sparse and control.
+
+Each function is a thin adapter over ``hora.frameworks.ops``: it stages the tensors
+(``hora.torch.adapter``: a NumPy view of CPU memory, a host copy for CUDA), calls the op with
+``dtype=`` for bfloat16 and a ``finalize=`` that turns the NumPy result into a tensor, and returns
+the op's handle, which ``poll``/``synchronize`` accept (as does its ``int``). The blocking,
+differentiable forms (``allreduce``, ``allgather``, ...) live in ``hora.torch.autograd``.
+
+Submission runs in the caller's thread and validates eagerly; finalizers run in the engine thread.
+Thread-safe as the op surface is.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hora import global_process_set
+from hora.errors import HoraInternalError
+from hora.frameworks import ops
+from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum
+from hora.torch.adapter import Staged, stage, to_tensor, write_back
+
+ProcessSet = Any  # hora.ProcessSet; typed loosely so that None (the global set) is accepted
+
+
+def reduce_op(average: bool | None, op: int | None) -> int:
+    """Horovod's rule for the deprecated ``average=``: never with ``op``; neither means Average."""
+    if average is not None:
+        if op is not None:
+            raise ValueError(
+                "The op parameter supersedes average. Please provide only one of them."
+            )
+        warnings.warn(
+            "the average= argument is deprecated: use op=hvd.Average or op=hvd.Sum",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+def _new(like: torch.Tensor) -> Callable[[np.ndarray], torch.Tensor]:
+    return lambda out: to_tensor(out, like)
+
+
+def _stage_group(tensors: Sequence[torch.Tensor]) -> tuple[list[Staged], list[np.ndarray], Any]:
+    """Stage a group; the arrays and the one ``dtype=`` override to pass for all of them."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped operations need at least one tensor")
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors of a group must be on the same device, got {devices}")
+    staged = [stage(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    overrides = {s.dtype for s in staged}
+    if len(overrides) == 1:
+        return staged, [s.array for s in staged], overrides.pop()
+    # bfloat16 mixed with other dtypes: one dtype= cannot describe the group, so give bfloat16
+    # its own NumPy dtype (ml_dtypes) that the op surface recognises.
+    try:
+        import ml_dtypes
+    except ImportError as e:
+        raise TypeError(
+            "a group mixing bfloat16 with other dtypes needs the ml_dtypes package "
+            "(pip install 'hora[bf16]'), or group the bfloat16 tensors separately"
+        ) from e
+    arrays = [s.array.view(ml_dtypes.bfloat16) if s.dtype else s.array for s in staged]
+    return staged, arrays, None
+
+
+# -- allreduce ------------------------------------------------------------------------------
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start reducing ``tensor`` over the set; the handle's result is a new tensor."""
+    op = reduce_op(average, op)
+    s = stage(tensor)
+    return ops.allreduce_async(
+        s.array,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+        dtype=s.dtype,
+        finalize=_new(tensor),
+    )
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start reducing ``tensor`` in place; the handle's result is ``tensor`` itself."""
+    op = reduce_op(average, op)
+    s = stage(tensor)
+    return ops.allreduce_async(
+        s.array,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+        output=s.array,
+        dtype=s.dtype,
+        finalize=lambda out: write_back(s, out),
+    )
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce ``tensor`` in place and return it (not differentiable)."""
+    op = reduce_op(average, op)
+    h = allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
+    return synchronize(h)
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start reducing a list of tensors as one unit; the result is a list of new tensors."""
+    op = reduce_op(average, op)
+    staged, arrays, dtype = _stage_group(tensors)
+    likes = [s.tensor for s in staged]
+    return ops.grouped_allreduce_async(
+        arrays,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+        dtype=dtype,
+        finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start reducing a list of tensors in place; the result is the same list of tensors."""
+    op = reduce_op(average, op)
+    staged, arrays, dtype = _stage_group(tensors)
+    return ops.grouped_allreduce_async(
+        arrays,
+        name=name,
+        op=op,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        process_set=process_set,
+        outputs=arrays,
+        dtype=dtype,
+        finalize=lambda outs: [write_back(s, o) for s, o in zip(staged, outs)],
+    )
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Reduce a list of tensors in place and return them (not differentiable)."""
+    op = reduce_op(average, op)
+    return synchronize(
+        grouped_allreduce_async_(
+            tensors, None, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str | None, op: int, process_set: ProcessSet = global_process_set
+) -> Callable[[], torch.Tensor]:
+    """Reduce a sparse COO tensor by gathering every rank's indices and values.
+
+    Returns a callable that waits and gives the reduced sparse tensor (uncoalesced: entries
+    several ranks share are summed when it is coalesced or used). With Average the values are
+    divided by the set's size. Names: ``<name>.indices`` and ``<name>.values``.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise TypeError("sparse_allreduce_async needs a sparse COO tensor")
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports op=Average or op=Sum only")
+    t = tensor.coalesce()
+    size = (process_set or global_process_set).size()
+    # Allgather concatenates along dim 0, so indices travel as (nnz, ndim) rows.
+    idx_handle = allgather_async(
+        t.indices().t().contiguous(), _suffix(name, "indices"), process_set
+    )
+    val_handle = allgather_async(t.values().contiguous(), _suffix(name, "values"), process_set)
+
+    def result() -> torch.Tensor:
+        values = synchronize(val_handle)
+        indices = synchronize(idx_handle)
+        if op == Average:
+            values = (values / size).to(values.dtype)
+        return torch.sparse_coo_tensor(indices.t(), values, t.shape)
+
+    return result
+
+
+def _suffix(name: str | None, suffix: str) -> str | None:
+    return None if name is None else f"{name}.{suffix}"
+
+
+# -- allgather, broadcast, alltoall, reducescatter -----------------------------------------
+def allgather_async(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> Handle:
+    """Start concatenating every rank's ``tensor`` along dim 0 (dim 0 may differ per rank)."""
+    s = stage(tensor)
+    return ops.allgather_async(
+        s.array, name=name, process_set=process_set, dtype=s.dtype, finalize=_new(tensor)
+    )
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    staged, arrays, dtype = _stage_group(tensors)
+    likes = [s.tensor for s in staged]
+    return ops.grouped_allgather_async(
+        arrays,
+        name=name,
+        process_set=process_set,
+        dtype=dtype,
+        finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+    )
+
+
+def broadcast_async(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start sending ``root_rank``'s (a global rank) tensor to every rank; result: new tensor."""
+    s = stage(tensor)
+    return ops.broadcast_async(
+        s.array,
+        root_rank,
+        name=name,
+        process_set=process_set,
+        dtype=s.dtype,
+        finalize=_new(tensor),
+    )
+
+
+def broadcast_async_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start overwriting ``tensor`` with ``root_rank``'s; the result is ``tensor`` itself."""
+    s = stage(tensor)
+    return ops.broadcast_async(
+        s.array,
+        root_rank,
+        name=name,
+        process_set=process_set,
+        output=s.array,
+        dtype=s.dtype,
+        finalize=lambda out: write_back(s, out),
+    )
+
+
+def broadcast_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Overwrite ``tensor`` with ``root_rank``'s and return it (not differentiable)."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | Sequence[int] | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Handle:
+    """Start sending ``splits[i]`` rows to rank i; result: ``(output, received_splits)``."""
+    s = stage(tensor)
+    if isinstance(splits, torch.Tensor):
+        splits = splits.detach().cpu().numpy()
+
+    def finalize(res: tuple[np.ndarray, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        received = torch.as_tensor(np.asarray(res[1], dtype=np.int32))
+        return to_tensor(res[0], tensor), received
+
+    return ops.alltoall_async(
+        s.array, splits, name=name, process_set=process_set, dtype=s.dtype, finalize=finalize
+    )
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Start reducing ``tensor`` and keeping this rank's block of dim 0 (the first
+    ``N % size`` ranks get one row more)."""
+    s = stage(tensor)
+    return ops.reducescatter_async(
+        s.array,
+        name=name,
+        op=op,
+        process_set=process_set,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        dtype=s.dtype,
+        finalize=_new(tensor),
+    )
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    staged, arrays, dtype = _stage_group(tensors)
+    likes = [s.tensor for s in staged]
+    return ops.grouped_reducescatter_async(
+        arrays,
+        name=name,
+        op=op,
+        process_set=process_set,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+        dtype=dtype,
+        finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+    )
+
+
+# -- control --------------------------------------------------------------------------------
+def poll(handle: Handle | int) -> bool:
+    """True once the operation behind ``handle`` has finished (successfully or not)."""
+    return ops.poll(handle)
+
+
+def synchronize(handle: Handle | int) -> Any:
+    """Wait for ``handle`` and return its result; a failure raises ``HorovodInternalError``.
+
+    An unknown (or already synchronized) handle returns None.
+    """
+    try:
+        return ops.synchronize(handle)
+    except HoraInternalError:
+        raise
+    except RuntimeError as e:
+        raise HoraInternalError(str(e)) from e
+
+
+def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
+    """Say this rank has no more data; returns the rank that joined last. ``device`` is
+    accepted for compatibility (hora joins on the host)."""
+    return ops.join(process_set)
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Wait until every rank of the set has reached the barrier."""
+    ops.barrier(process_set)
+
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "Max",
+    "Min",
+    "Product",
+    "Sum",
+    "allreduce_async",
+    "allreduce_async_",
+    "allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_allreduce_",
+    "sparse_allreduce_async",
+    "allgather_async",
+    "grouped_allgather_async",
+    "broadcast_async",
+    "broadcast_async_",
+    "broadcast_",
+    "alltoall_async",
+    "reducescatter_async",
+    "grouped_reducescatter_async",
+    "poll",
+    "synchronize",
+    "join",
+    "barrier",
+    "reduce_op",
+]
