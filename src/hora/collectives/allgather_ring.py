@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hora.collectives.base import Comm, check_buffer, offsets_of
-from hora.collectives.ring import SEGMENT_BYTES, ring_pass
+from hora.collectives.ring import ring_pass
 
 
 def allgatherv_ring(
@@ -23,7 +23,7 @@ def allgatherv_ring(
     recv: np.ndarray,
     counts: Sequence[int],
     *,
-    segment_bytes: int = SEGMENT_BYTES,
+    segment_bytes: int | None = None,
 ) -> None:
     """Gather every rank's ``send`` (``counts[r]`` elements) into ``recv``, in rank order.
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from hora.collectives.base import Comm, check_buffer, offsets_of, split_even
 from hora.collectives.reduce_ops import reducer
-from hora.collectives.ring import SEGMENT_BYTES, ring_pass
+from hora.collectives.ring import ring_pass
 
 
 def allreduce_ring(
@@ -23,7 +23,7 @@ def allreduce_ring(
     op: int,
     *,
     scratch: np.ndarray | None = None,
-    segment_bytes: int = SEGMENT_BYTES,
+    segment_bytes: int | None = None,
 ) -> None:
     """Reduce ``buf`` with ``op`` across the group, in place (every rank gets the result)."""
     check_buffer(buf, dtype)

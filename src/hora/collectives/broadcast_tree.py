@@ -3,8 +3,9 @@
 Ranks are renumbered so that the root is virtual rank 0; virtual rank ``v`` receives from
 ``v`` minus its lowest set bit and forwards to ``v + 2^k`` for every ``2^k`` below that bit.
 ``ceil(log2 size)`` latency steps; every non-root rank receives ``nbytes`` once, and a rank
-with ``c`` children sends ``c nbytes``. Buffers above one segment travel in segments, each
-forwarded as soon as it arrives, so the tree depth adds segment latencies, not buffer ones.
+with ``c`` children sends ``c nbytes``. Buffers above one segment (``ring.segment_size``)
+travel in segments, each forwarded as soon as it arrives, so the tree depth adds segment
+latencies, not buffer ones.
 
 Runs on the calling (engine) thread; thread-safe for distinct Comms and buffers.
 """
@@ -16,10 +17,8 @@ from collections import deque
 import numpy as np
 
 from hora.collectives.base import Comm, as_bytes, check_buffer, offsets_of, split_even
+from hora.collectives.ring import DEPTH, segment_size
 from hora.transport.base import Pair, Work
-
-SEGMENT_BYTES = 512 << 10
-DEPTH = 3
 
 
 def tree_links(vrank: int, size: int) -> tuple[int | None, list[int]]:
@@ -41,7 +40,7 @@ def tree_links(vrank: int, size: int) -> tuple[int | None, list[int]]:
 
 
 def broadcast_tree(
-    comm: Comm, buf: np.ndarray, root: int, *, segment_bytes: int = SEGMENT_BYTES
+    comm: Comm, buf: np.ndarray, root: int, *, segment_bytes: int | None = None
 ) -> None:
     """Copy root's ``buf`` into every rank's ``buf`` (``root`` is a group rank)."""
     check_buffer(buf)
@@ -55,6 +54,8 @@ def broadcast_tree(
     parent = comm.pair((vparent + root) % n) if vparent is not None else None
     children = [comm.pair((c + root) % n) for c in vchildren]
     raw = as_bytes(buf)
+    if segment_bytes is None:
+        segment_bytes = segment_size(raw.nbytes)
     parts = split_even(raw.nbytes, -(-raw.nbytes // max(1, segment_bytes)))
     bounds = offsets_of(parts)
     views = [raw[bounds[i] : bounds[i + 1]] for i in range(len(parts))]

@@ -15,7 +15,7 @@ import numpy as np
 
 from hora.collectives.base import Comm, check_buffer, offsets_of, split_even
 from hora.collectives.reduce_ops import reducer
-from hora.collectives.ring import SEGMENT_BYTES, ring_pass
+from hora.collectives.ring import ring_pass
 
 
 def reducescatter_counts(first_dim: int, size: int) -> list[int]:
@@ -34,7 +34,7 @@ def reducescatterv_ring(
     op: int,
     *,
     scratch: np.ndarray | None = None,
-    segment_bytes: int = SEGMENT_BYTES,
+    segment_bytes: int | None = None,
 ) -> None:
     """Reduce ``send`` across the group; ``recv`` gets this rank's block (``counts`` elements).
 

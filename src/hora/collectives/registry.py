@@ -30,6 +30,7 @@ from hora.collectives.reduce_ops import (
     scale,
 )
 from hora.collectives.reducescatter_ring import reducescatter_counts, reducescatterv_ring
+from hora.collectives.ring import SCRATCH_BYTES
 
 SMALL_THRESHOLD = 64 << 10
 
@@ -46,7 +47,8 @@ def allreduce(
     """Reduce ``buf`` (storage dtype, 1-D, contiguous) with ``op`` across the group, in place.
 
     ``op`` is an element-wise op (AVERAGE reduces as SUM); Adasum has its own :func:`adasum`.
-    ``scratch`` (optional, C-contiguous, any dtype) is reused when large enough.
+    ``scratch`` (optional, C-contiguous, any dtype) is reused when large enough; one of
+    ``SCRATCH_BYTES`` serves every size, so a caller can keep one and never allocate.
     """
     check_buffer(buf, dtype)
     reducer(op, dtype)  # validates op and dtype on every path, also at size 1
@@ -65,6 +67,7 @@ __all__ = [
     "MIN",
     "PRODUCT",
     "SUM",
+    "SCRATCH_BYTES",
     "SMALL_THRESHOLD",
     "Comm",
     "GroupComm",

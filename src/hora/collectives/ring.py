@@ -4,9 +4,9 @@ The buffer is cut into ``size`` blocks. At step ``t`` every rank sends block ``s
 right neighbour and receives block ``start - t - 1`` from its left neighbour; during the first
 ``reduce_steps`` steps the incoming block is reduced into place, afterwards it is received
 straight into place. Because the block a rank sends at step ``t + 1`` is the one it received at
-step ``t``, the pass is one stream of segments: each block is cut into segments of about
-``segment_bytes``, and a segment is forwarded as soon as it has been reduced, while the
-receives of the next ``DEPTH - 1`` segments are already posted and earlier sends still drain.
+step ``t``, the pass is one stream of segments: each block is cut into segments (a quarter
+of a block, 256 KiB to 4 MiB), and a segment is forwarded as soon as it has been reduced, while
+the receives of the next ``DEPTH - 1`` segments are already posted and earlier sends still drain.
 Sending, receiving and reducing therefore overlap, with ``DEPTH`` segments of scratch.
 
 Receiving straight into a region that an earlier ``isend`` of this rank reads from is safe:
@@ -27,8 +27,18 @@ from hora.collectives.base import Comm, as_bytes, split_even
 from hora.collectives.reduce_ops import Reducer
 from hora.transport.base import Work
 
-SEGMENT_BYTES = 512 << 10
+MIN_SEGMENT_BYTES = 256 << 10
+MAX_SEGMENT_BYTES = 4 << 20
 DEPTH = 3
+SCRATCH_BYTES = DEPTH * MAX_SEGMENT_BYTES  # scratch this large serves every automatic pass
+
+
+def segment_size(stream_bytes: int) -> int:
+    """Automatic segment size: a quarter of ``stream_bytes``, kept within the bounds above.
+
+    Four segments per block are enough to overlap; larger segments cost less per byte.
+    """
+    return min(MAX_SEGMENT_BYTES, max(MIN_SEGMENT_BYTES, stream_bytes // 4))
 
 
 def segments(bounds: Sequence[int], block: int, seg_elems: int) -> list[tuple[int, int]]:
@@ -44,11 +54,6 @@ def segments(bounds: Sequence[int], block: int, seg_elems: int) -> list[tuple[in
     return out
 
 
-def scratch_elems(segment_bytes: int, itemsize: int) -> int:
-    """Scratch elements a reducing ring pass needs (``DEPTH`` segments)."""
-    return DEPTH * max(1, segment_bytes // itemsize)
-
-
 def ring_pass(
     comm: Comm,
     buf: np.ndarray,
@@ -58,12 +63,14 @@ def ring_pass(
     reduce_steps: int,
     reduce: Reducer | None,
     scratch: np.ndarray | None = None,
-    segment_bytes: int = SEGMENT_BYTES,
+    segment_bytes: int | None = None,
 ) -> None:
     """Run ``steps`` ring steps over ``buf`` cut at ``bounds`` (``size + 1`` offsets).
 
-    ``scratch`` (optional, any dtype, C-contiguous) is used for incoming segments when it holds
-    at least :func:`scratch_elems` elements' worth of bytes; otherwise scratch is allocated.
+    ``segment_bytes`` defaults to :func:`segment_size` of the largest block (the same on every
+    rank). ``scratch`` (optional, C-contiguous, any dtype) holds incoming segments when it has
+    ``DEPTH`` segments' worth of bytes (``SCRATCH_BYTES`` always does); else scratch is
+    allocated.
     """
     n, rank = comm.size, comm.rank
     if reduce_steps > 0 and reduce is None:
@@ -71,6 +78,9 @@ def ring_pass(
     if n == 1 or steps == 0:
         return
     itemsize = buf.itemsize
+    if segment_bytes is None:
+        largest = max(bounds[b + 1] - bounds[b] for b in range(n))
+        segment_bytes = segment_size(largest * itemsize)
     seg_elems = max(1, segment_bytes // itemsize)
     blocks = [segments(bounds, b, seg_elems) for b in range(n)]
     units = [
