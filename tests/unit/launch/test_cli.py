@@ -14,7 +14,7 @@ FLAGS = [
     "--autotune", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise",
     "--autotune-log-file", "--autotune-steps-per-sample", "--autotune-warmup-samples",
     "--binding-args", "--blacklist-cooldown-range", "--cache-capacity", "--check-build",
-    "--config-file", "--cycle-time-ms", "--disable-cache", "--elastic-timeout",
+    "--config-file", "--cpu-bind", "--cycle-time-ms", "--disable-cache", "--elastic-timeout",
     "--fusion-threshold-mb", "--gloo", "--gloo-timeout-seconds", "--help",
     "--hierarchical-allgather", "--hierarchical-allreduce", "--host-discovery-script",
     "--hostfile", "--hosts", "--jsrun", "--log-level", "--log-without-timestamp", "--max-np",
@@ -154,3 +154,14 @@ def test_bad_host_string_exits_with_clear_error(caplog) -> None:
     code = cli.command(_parser().parse_args(["-np", "2", "-H", "a:x", "true"]))
     assert code == 2
     assert "slot count 'x'" in caplog.text
+
+
+def test_docs_name_every_knob_flag_and_unsupported_flag() -> None:
+    from pathlib import Path
+
+    from hora.settings import KNOBS
+
+    text = (Path(__file__).parents[3] / "docs" / "launch.md").read_text()
+    flags = [k.flag for k in KNOBS if k.flag] + list(cli.UNSUPPORTED)
+    missing = [f for f in flags if f"`{f}`" not in text and f"`--[no-]{f[2:]}`" not in text]
+    assert missing == []
