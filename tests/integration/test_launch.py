@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -188,3 +189,5 @@ def test_run_api_returns_results_by_rank() -> None:
     with pytest.raises(LaunchError, match="rank 1 raised") as info:
         run(fails_on_rank_one, np=2)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
+    with pytest.raises(LaunchError, match="could not be sent back"):
+        run(threading.Lock, np=1)

@@ -162,7 +162,7 @@ def _from_mpi(env: Mapping[str, str]) -> Identity:
         local_rank = _var(env, ("OMPI_COMM_WORLD_LOCAL_RANK",), 0)
         local_size = _var(env, ("OMPI_COMM_WORLD_LOCAL_SIZE",), 1)
         one_node = _var(env, ("OMPI_MCA_orte_num_nodes",), 0) == 1 or local_size == size
-        job_vars = _OMPI_JOB
+        job_vars: tuple[str, ...] = _OMPI_JOB
     else:
         rank = _var(env, ("PMI_RANK",))
         size = _var(env, ("PMI_SIZE",))

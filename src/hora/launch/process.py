@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from io import TextIOBase
-from typing import BinaryIO, TextIO
+from typing import IO, Any, BinaryIO, TextIO
 
 TIMESTAMP_FORMAT = "%a %b %d %H:%M:%S %Y"
 
@@ -117,10 +117,11 @@ class ConsoleSink:
     """
 
     def __init__(self, stream: TextIO | BinaryIO):
-        self._binary: BinaryIO | None = getattr(stream, "buffer", None)
-        if self._binary is None and not isinstance(stream, TextIOBase):
-            self._binary = stream  # type: ignore[assignment]
-        self._text = stream
+        binary = getattr(stream, "buffer", None)
+        if binary is None and not isinstance(stream, TextIOBase):
+            binary = stream
+        self._binary: BinaryIO | None = binary
+        self._text: Any = stream
         self._lock = threading.Lock()
 
     def write(self, data: bytes) -> None:
@@ -130,7 +131,7 @@ class ConsoleSink:
                 self._binary.write(data)
                 self._binary.flush()
             else:
-                self._text.write(data.decode(errors="replace"))  # type: ignore[arg-type]
+                self._text.write(data.decode(errors="replace"))
                 self._text.flush()
 
 
@@ -186,7 +187,7 @@ class Worker:
 
     def _pump(
         self,
-        pipe: BinaryIO | None,
+        pipe: IO[bytes] | None,
         name: str,
         sink: ConsoleSink,
         prefix: bool,

@@ -26,7 +26,8 @@ def _outcome_bytes(outcome: tuple[object, ...]) -> bytes:
         return cloudpickle.dumps(outcome)
     except Exception as e:  # the value or exception cannot be pickled
         text = f"{outcome[1]!r} could not be sent back to the launcher: {e}"
-        return cloudpickle.dumps(("error", RuntimeError(text), "".join(outcome[2:3]) or text))
+        trace = str(outcome[2]) if len(outcome) > 2 else text
+        return cloudpickle.dumps(("error", RuntimeError(text), trace))
 
 
 def main() -> int:
