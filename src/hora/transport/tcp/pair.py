@@ -15,6 +15,7 @@ import queue
 import socket
 import threading
 from collections.abc import Callable
+from functools import partial
 
 from hora.errors import TransportError
 from hora.transport.base import CONTROL, MAX_MESSAGE, Buffer
@@ -28,6 +29,7 @@ from hora.transport.tcp.wire import (
     hard_close,
     recv_exact_into,
     send_parts,
+    send_rest,
 )
 
 
@@ -36,9 +38,11 @@ class TcpWork:
 
     __slots__ = ("_event", "_error")
 
-    def __init__(self) -> None:
+    def __init__(self, error: TransportError | None = None, done: bool = False) -> None:
         self._event = threading.Event()
-        self._error: TransportError | None = None
+        self._error = error
+        if error is not None or done:
+            self._event.set()
 
     def _finish(self, error: TransportError | None = None) -> None:
         self._error = error
@@ -55,30 +59,35 @@ class TcpWork:
             raise TransportError(str(self._error)) from self._error
 
 
+_DONE = TcpWork(done=True)  # shared by every isend that completed at once
+
+
 class _Lane:
     """A FIFO of background operations run by one lazily started daemon thread."""
 
-    def __init__(self, name: str, run: Callable[[memoryview], None]) -> None:
+    def __init__(self, name: str) -> None:
         self._name = name
-        self._run = run
-        self._queue: queue.SimpleQueue[tuple[memoryview, TcpWork] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], TcpWork] | None]
+        self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last: TcpWork | None = None
 
-    def submit(self, view: memoryview, closed_error: Callable[[], TransportError]) -> TcpWork:
+    def submit(self, op: Callable[[], None], closed_error: Callable[[], TransportError]) -> TcpWork:
         work = TcpWork()
         with self._lock:
             if self._closed:
-                work._finish(closed_error())
-                return work
+                return TcpWork(closed_error())
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
             self._last = work
-            self._queue.put((view, work))
+            self._queue.put((op, work))
         return work
+
+    def idle(self) -> bool:
+        return self._last is None or self._last.done()
 
     def drain(self) -> None:
         """Wait until everything submitted so far is done (its errors surface elsewhere)."""
@@ -93,9 +102,9 @@ class _Lane:
 
     def _loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            view, work = item
+            op, work = item
             try:
-                self._run(view)
+                op()
             except TransportError as e:
                 work._finish(e)
             else:
@@ -129,8 +138,8 @@ class TcpPair:
         self._close_lock = threading.Lock()
         self._closed = False
         self._error: TransportError | None = None
-        self._sender = _Lane(f"hora-tcp-send-{peer}-{channel}", self._send_data)
-        self._receiver = _Lane(f"hora-tcp-recv-{peer}-{channel}", self._recv_data)
+        self._sender = _Lane(f"hora-tcp-send-{peer}-{channel}")
+        self._receiver = _Lane(f"hora-tcp-recv-{peer}-{channel}")
 
     def __repr__(self) -> str:
         return f"TcpPair({self._what}, {'closed' if self._closed else 'open'})"
@@ -148,10 +157,22 @@ class TcpPair:
         self._recv_data(view)
 
     def isend(self, buf: Buffer) -> TcpWork:
-        return self._sender.submit(byte_view(buf), self._closed_error)
+        """Send what the socket takes at once; the sender thread finishes the rest."""
+        view = byte_view(buf)
+        if self._closed or not self._sender.idle():
+            return self._sender.submit(partial(self._send_data, view), self._closed_error)
+        head = HEADER.pack(MAGIC, VERSION, DATA_FRAME, view.nbytes)
+        try:
+            sent = send_parts(self._sock, head, view, socket.MSG_DONTWAIT)
+        except OSError as e:
+            return TcpWork(self._fail(e))
+        if sent == len(head) + view.nbytes:
+            return _DONE
+        return self._sender.submit(partial(self._send_rest, head, view, sent), self._closed_error)
 
     def irecv(self, buf: memoryview | bytearray) -> TcpWork:
-        return self._receiver.submit(byte_view(buf, writable=True), self._closed_error)
+        view = byte_view(buf, writable=True)
+        return self._receiver.submit(partial(self._recv_data, view), self._closed_error)
 
     def send_msg(self, payload: bytes) -> None:
         view = byte_view(payload)
@@ -211,8 +232,17 @@ class TcpPair:
     def _send_frame(self, kind: int, view: memoryview) -> None:
         if self._closed:
             raise self._closed_error()
+        head = HEADER.pack(MAGIC, VERSION, kind, view.nbytes)
         try:
-            send_parts(self._sock, HEADER.pack(MAGIC, VERSION, kind, view.nbytes), view)
+            send_rest(self._sock, head, view, send_parts(self._sock, head, view))
+        except OSError as e:
+            raise self._fail(e) from e
+
+    def _send_rest(self, head: bytes, view: memoryview, sent: int) -> None:
+        if self._closed:
+            raise self._closed_error()
+        try:
+            send_rest(self._sock, head, view, sent)
         except OSError as e:
             raise self._fail(e) from e
 

@@ -64,12 +64,19 @@ def recv_exact(sock: socket.socket, size: int) -> bytes:
     return bytes(buf)
 
 
-def send_parts(sock: socket.socket, head: bytes, body: memoryview) -> None:
-    """Send ``head`` then ``body`` with one gathering system call in the common case, no copy."""
-    if body.nbytes == 0:
-        sock.sendall(head)
-        return
-    sent = sock.sendmsg([head, body])
+def send_parts(sock: socket.socket, head: bytes, body: memoryview, flags: int = 0) -> int:
+    """One gathering ``sendmsg`` of ``head`` then ``body`` (no copy); return the bytes sent.
+
+    With ``flags=socket.MSG_DONTWAIT`` it sends only what fits now (0 if nothing does).
+    """
+    try:
+        return sock.sendmsg([head, body], (), flags)
+    except BlockingIOError:
+        return 0
+
+
+def send_rest(sock: socket.socket, head: bytes, body: memoryview, sent: int) -> None:
+    """Finish sending ``head`` + ``body`` of which the first ``sent`` bytes already went."""
     if sent < len(head):
         sock.sendall(head[sent:])
         sent = len(head)
