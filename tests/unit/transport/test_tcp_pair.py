@@ -168,3 +168,19 @@ def test_bad_buffers_raise_type_error(pairs: tuple[TcpPair, TcpPair]) -> None:
         left.send(np.zeros((4, 4))[:, 0])
     with pytest.raises(TypeError, match="contiguous"):
         left.send(42)  # type: ignore[arg-type]
+
+
+def test_large_isend_finishes_in_background_in_order(pairs: tuple[TcpPair, TcpPair]) -> None:
+    left, right = pairs
+    big = np.arange(4_000_000, dtype=np.int32)  # far more than the socket buffers hold
+    work = left.isend(big)
+    assert not work.done()  # nobody reads yet: the rest waits on the sender thread
+    follow = left.isend(b"after")  # queued behind it, not sent inline
+    got = np.zeros_like(big)
+    right.recv_into(got)
+    tail = bytearray(5)
+    right.recv_into(tail)
+    work.wait(10)
+    follow.wait(10)
+    np.testing.assert_array_equal(got, big)
+    assert tail == b"after"
