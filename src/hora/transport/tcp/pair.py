@@ -1,9 +1,10 @@
 """TcpPair: one authenticated TCP connection to one peer on one channel (see transport/base.py).
 
 Blocking ``send``/``recv_into``/``send_msg``/``recv_msg`` run on the calling (engine) thread and
-move the caller's buffer straight to or from the socket. ``isend``/``irecv`` are queued to two
-daemon threads owned by the pair (one sender, one receiver, started on first use); a blocking
-call first waits for the background operations queued before it, which keeps the order.
+move the caller's buffer straight to or from the socket. ``isend`` sends at once whatever the
+socket accepts without blocking; the rest of it, and every ``irecv``, is queued to two daemon
+threads owned by the pair (one sender, one receiver, started on first use). A blocking call first
+waits for the background operations queued before it, which keeps the order.
 
 Thread-safety: one thread issues the operations (the engine thread); ``close`` is safe from any
 thread and makes every blocked or later operation raise TransportError.
