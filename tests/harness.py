@@ -86,6 +86,9 @@ def spawn_ranks(fn: Callable[..., Any], np: int, args: tuple[Any, ...] = (),
                 "HORA_RENDEZVOUS_ADDR": "127.0.0.1", "HORA_RENDEZVOUS_PORT": str(port),
                 "HORA_SECRET_KEY": secret.hex(), "OMP_NUM_THREADS": "1",
                 "PYTHONUNBUFFERED": "1",
+                # a test that hangs fails fast, naming the missing ranks
+                "HORA_STALL_CHECK_TIME_SECONDS": "10",
+                "HORA_STALL_SHUTDOWN_TIME_SECONDS": "30",
             })
             e.update(env or {})
             err = open(f"{path}.{r}.stderr", "wb")  # noqa: SIM115 - closed below

@@ -115,11 +115,11 @@ class Coordinator:
         if req.op == OpType.BARRIER:
             st.barrier.add(srank)
             return
-        pend = st.table.get(req.name)
+        pend = st.table.get(req.match)
         if pend is None:
-            pend = st.table[req.name] = _Pending()
+            pend = st.table[req.match] = _Pending()
         pend.requests[srank] = req
-        self._maybe_ready(st, req.name)
+        self._maybe_ready(st, req.match)
 
     def _maybe_ready(self, st: SetState, name: str) -> None:
         pend = st.table[name]
@@ -128,7 +128,8 @@ class Coordinator:
         del st.table[name]
         spec_or_error = self._validate(st, pend.requests)
         if isinstance(spec_or_error, str):
-            st.ready.append(TensorSpec(Request(OpType.ERROR, name, reduce_op=-1,
+            full = pend.requests[min(pend.requests)].name
+            st.ready.append(TensorSpec(Request(OpType.ERROR, full, reduce_op=-1,
                                                group=spec_or_error)))
             return
         spec = spec_or_error
@@ -314,9 +315,10 @@ class Coordinator:
         lines = []
         for st in self.sets.values():
             missing: dict[int, list[str]] = {}
-            for name, pend in st.table.items():
+            for pend in st.table.values():
                 if now - pend.first_seen < warn_after:
                     continue
+                name = next(iter(pend.requests.values())).name
                 for srank in range(st.size):
                     if srank not in pend.requests and srank not in st.joined:
                         missing.setdefault(st.ranks[srank], []).append(name)

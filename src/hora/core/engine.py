@@ -270,17 +270,18 @@ class Engine:
         op = resp.op
         tl = self.timeline
         names = resp.names
+        keys = [s.request.match for s in resp.specs]
         if tl is not None:
             for n in names:
                 tl.negotiate_end(n)
                 tl.start(n, op.name)
         if op == OpType.ERROR:
-            for n in names:
-                entry = ms.table.pop(n, None)
+            for k in keys:
+                entry = ms.table.pop(k, None)
                 if entry is not None:
                     entry.fail(HoraInternalError(resp.error))
         elif op in (OpType.ALLREDUCE, OpType.ADASUM):
-            entries = [ms.table.pop(n, None) for n in names]
+            entries = [ms.table.pop(k, None) for k in keys]
             if not ms.joined and any(e is None for e in entries):
                 missing = [n for n, e in zip(names, entries) if e is None]
                 raise HoraInternalError(f"rank {self.rank} was told to reduce {missing}, "
@@ -301,10 +302,10 @@ class Engine:
                 self._register_member(resp.process_set_id, ranks)
             else:
                 self.members.pop(resp.process_set_id, None)
-            ms.table.pop(spec.request.name).complete(resp.process_set_id)
+            ms.table.pop(spec.request.match).complete(resp.process_set_id)
         else:
             spec = resp.specs[0]
-            entry = ms.table.pop(spec.request.name)
+            entry = ms.table.pop(spec.request.match)
             ex = self.executor
             fn = {OpType.ALLGATHER: ex.allgather, OpType.BROADCAST: ex.broadcast,
                   OpType.ALLTOALL: ex.alltoall, OpType.REDUCESCATTER: ex.reducescatter}[op]
@@ -382,4 +383,4 @@ def _table_key(req: Any) -> str:
         return "barrier"
     if req.op == OpType.JOIN:
         return "join"
-    return str(req.name)
+    return str(req.match)

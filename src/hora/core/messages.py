@@ -68,6 +68,15 @@ class Request:
                        None if splits is None else tuple(int(s) for s in splits),
                        str(group), int(gsize), None if ranks is None else tuple(ranks))
 
+    @property
+    def match(self) -> str:
+        """The name without its op prefix: what ranks must agree on.
+
+        ``allreduce.grad`` on one rank and ``allgather.grad`` on another are the same tensor
+        asked for with different operations: a mismatch to report, not two tensors to wait for.
+        """
+        return self.name.split(".", 1)[-1]
+
     def key(self) -> tuple[Any, ...]:
         """Everything that must match for a cached response to serve this request again."""
         return (self.op, self.dtype, self.shape, self.root, self.reduce_op, self.prescale,

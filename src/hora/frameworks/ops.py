@@ -85,7 +85,7 @@ def _submit(ps_id: int, requests: list[Request], arrays: list[np.ndarray | None]
             outputs: list[np.ndarray | None], handle: Handle, grouped: bool) -> Handle:
     """Enqueue one request per tensor; the handle completes when all of them have."""
     rt = _rt.runtime()
-    keys = [(ps_id, r.name) for r in requests]
+    keys = [(ps_id, r.match) for r in requests]
     with _pending_lock:
         for (_, name), req in zip(keys, requests):
             if (ps_id, name) in _pending:
@@ -393,7 +393,7 @@ def synchronize(handle: Handle | int) -> Any:
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet | None = None) -> Any:
     rt = _rt.runtime()
-    name = name or type(obj).__name__
+    name = name or "broadcast_object"  # not the type's name: non-root ranks often pass None
     is_root = rt.identity.rank == root_rank
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root else None
     size = np.array([payload.size if payload is not None else 0], dtype=np.int64)
@@ -405,7 +405,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet | None = None) -> list[Any]:
-    name = name or type(obj).__name__
+    name = name or "allgather_object"
     data = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([data.size], dtype=np.int64), name=f"{name}.sz",
                       process_set=process_set)

@@ -169,9 +169,14 @@ class LoopbackPair:
         self._deliver(_DATA_FRAME, _bytes_of(buf))
 
     def isend(self, buf: Buffer) -> LoopbackWork:
-        self._deliver(_DATA_FRAME, _bytes_of(buf))
+        view = _bytes_of(buf)
         work = LoopbackWork(None, None, _DATA_FRAME)
-        work._event.set()
+        try:
+            self._deliver(_DATA_FRAME, view)
+        except TransportError as e:
+            work._finish_error(e)
+        else:
+            work._event.set()
         return work
 
     def recv_into(self, buf: memoryview | bytearray) -> None:
@@ -231,7 +236,11 @@ class LoopbackPair:
             self._conn.close(f"rank {self.rank} sent a bad frame: {reason}")
 
     def _post(self, work: LoopbackWork) -> LoopbackWork:
-        self._check_open()
+        if self._closed is not None:
+            work._finish_error(
+                TransportError(f"connection to rank {self.peer} is closed: {self._closed}")
+            )
+            return work
         with self._conn.lock:
             lane = self._in
             if lane.waiting or not lane.frames:
