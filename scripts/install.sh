@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs hora and everything its tests and examples use, on a fresh Debian-like machine.
+# Safe to run again: every step is skipped or quick when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages: Open MPI (for the MPI backend and mpirun tests), sshd (multi-host tests),
+# iproute2 (network namespaces). Only as root and only what is missing.
+need=()
+command -v mpirun >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
+command -v ip >/dev/null || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "hora: installing system packages: ${need[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "hora: missing ${need[*]} (not root or no apt-get): the tests that need them skip"
+  fi
+fi
+
+PY=${PYTHON:-python3}
+# torch first and pinned: any other version would pull gigabytes of CUDA packages.
+$PY -m pip install -q "torch==2.13.0"
+extras="torch,lab,bf16,dev"
+command -v mpicc >/dev/null && extras="$extras,mpi"
+$PY -m pip install -q -e ".[${extras}]"
