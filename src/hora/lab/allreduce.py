@@ -1,0 +1,442 @@
+"""``python -m hora.lab allreduce`` (and ``hora bench allreduce``): allreduce against the peers.
+
+For each backend (hora, torch.distributed Gloo, mpi4py on Open MPI) this module starts a fresh
+set of worker processes on this host (:mod:`hora.lab.workers`), lets them time float32 Sum
+allreduces of every size, and collects rank 0's numbers: median and p90 latency, and bus
+bandwidth. A backend that cannot run here is reported as skipped, with the reason. The Python
+API is :func:`run_allreduce_bench`; the command line only turns argv into an
+:class:`AllreduceBenchConfig`.
+
+Runs in the caller's thread; it blocks while the workers run. Not meant to be called from two
+threads at once (each call owns its worker processes and temporary directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from hora.lab import report
+
+log = logging.getLogger("hora.lab")
+
+BACKENDS = ("hora", "gloo", "mpi")
+DEFAULT_SIZES = [4 * 4**k * 1024 for k in range(0, 9, 2)]  # 4 KiB, 64 KiB, 1 MiB, 16, 256 MiB
+ENGINE_COST_MIN_BYTES = 1 << 20
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+_SIZE = re.compile(r"^(\d+)\s*([KMG]?)(?:I?B)?$")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``"4096"``, ``"4K"``, ``"16M"``, ``"1G"`` (binary units; ``KiB``/``KB`` too)."""
+    m = _SIZE.match(text.strip().upper())
+    if m is None:
+        raise ValueError(f"size {text!r} is not a number of bytes like 4096, 4K, 16M or 1G")
+    nbytes = int(m.group(1)) * _UNITS[m.group(2)]
+    if nbytes <= 0 or nbytes % 4:
+        raise ValueError(f"size {text!r} must be a positive multiple of 4 bytes (float32)")
+    return nbytes
+
+
+def parse_sizes(text: str) -> list[int]:
+    """A comma-separated list of sizes, sorted and without duplicates."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"--sizes {text!r} names no size; give e.g. 4K,64K,1M")
+    return sorted({parse_size(p) for p in parts})
+
+
+def parse_backends(text: str) -> list[str]:
+    names = [p.strip().lower() for p in text.split(",") if p.strip()]
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown or not names:
+        raise ValueError(f"--backends {text!r}: choose from {', '.join(BACKENDS)}")
+    return list(dict.fromkeys(names))
+
+
+def default_iters(size_bytes: int) -> int:
+    """Timed calls for one size: about 4 GiB of data, between 10 and 1000 calls."""
+    return max(10, min(1000, (4 << 30) // size_bytes))
+
+
+def warmup_iters(iters: int) -> int:
+    return max(2, iters // 10)
+
+
+@dataclass
+class AllreduceBenchConfig:
+    np: int = 2
+    sizes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES))
+    iters: int | None = None  # None: default_iters(size) per size
+    backends: list[str] = field(default_factory=lambda: list(BACKENDS))
+    engine_cost: bool = False
+    timeout: float = 600.0  # seconds per backend
+    csv: str | None = None
+    json: str | None = None
+    plot: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.np < 2:
+            raise ValueError(f"--np must be at least 2 for an allreduce benchmark, got {self.np}")
+        if self.iters is not None and self.iters < 1:
+            raise ValueError(f"--iters must be at least 1, got {self.iters}")
+        if self.timeout <= 0:
+            raise ValueError(f"--timeout must be positive seconds, got {self.timeout}")
+        if not self.sizes or not self.backends:
+            raise ValueError("give at least one size and one backend")
+
+    def plan(self, out: str) -> dict[str, Any]:
+        """What the workers need: sizes, iterations and warm-up per size, the result file."""
+        iters = [self.iters or default_iters(s) for s in self.sizes]
+        resnet = self.iters or default_iters(25_557_032 * 4)
+        return {
+            "sizes": self.sizes,
+            "iters": iters,
+            "warmup": [warmup_iters(i) for i in iters],
+            "out": out,
+            "timeout": self.timeout,
+            "engine_cost": self.engine_cost,
+            "engine_cost_min_bytes": ENGINE_COST_MIN_BYTES,
+            "resnet_iters": resnet,
+            "resnet_warmup": warmup_iters(resnet),
+        }
+
+
+@dataclass
+class BenchResult:
+    meta: dict[str, Any]
+    rows: list[report.Row]  # with bandwidths
+    skipped: dict[str, str]  # backend -> why it did not run
+
+    def title(self) -> str:
+        return f"allreduce float32 Sum, np={self.meta['np']}, {self.meta['host']}"
+
+
+class BackendFailed(RuntimeError):
+    """A backend's workers failed or timed out; the message says which and why."""
+
+
+def unavailable(backend: str) -> str | None:
+    """Why ``backend`` cannot run on this machine, or None when it can."""
+    if backend == "hora":
+        return None if importlib.util.find_spec("hora.frameworks.ops") else "hora core missing"
+    if backend == "gloo":
+        return None if importlib.util.find_spec("torch") else "torch is not installed"
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed"
+    return None if shutil.which("mpirun") else "mpirun is not on PATH"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _base_env() -> dict[str, str]:
+    """This process's environment without any rank identity, one thread per worker."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not re.match(r"^(HORA|HOROVOD|OMPI_COMM_WORLD|PMIX)_", k)
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(
+        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1"
+    )
+    return env
+
+
+def _worker_cmd(backend: str, plan_path: str) -> list[str]:
+    return [sys.executable, "-m", "hora.lab.workers", backend, plan_path]
+
+
+def _start(cmd: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
+    with open(log_path, "wb") as out:
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _spawn(
+    backend: str, nranks: int, plan_path: str, tmp: str, extra: dict[str, str]
+) -> list[subprocess.Popen[bytes]]:
+    env = {**_base_env(), **extra}
+    if backend == "mpi":
+        cmd = ["mpirun", "--allow-run-as-root", "-np", str(nranks)]
+        if nranks > (os.cpu_count() or 1):
+            cmd.append("--oversubscribe")
+        return [_start(cmd + _worker_cmd(backend, plan_path), env, f"{tmp}/mpi.log")]
+    if backend == "gloo":
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nranks))
+    procs = []
+    for rank in range(nranks):
+        renv = dict(env)
+        if backend == "gloo":
+            renv.update(RANK=str(rank), LOCAL_RANK=str(rank))
+        else:
+            renv.update(
+                HORA_RANK=str(rank),
+                HORA_SIZE=str(nranks),
+                HORA_LOCAL_RANK=str(rank),
+                HORA_LOCAL_SIZE=str(nranks),
+                HORA_CROSS_RANK="0",
+                HORA_CROSS_SIZE="1",
+            )
+        procs.append(_start(_worker_cmd(backend, plan_path), renv, f"{tmp}/{backend}.{rank}.log"))
+    return procs
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return ""
+
+
+def _follow(
+    procs: list[subprocess.Popen[bytes]],
+    out_path: str,
+    timeout: float,
+    on_row: Callable[[report.Row], None],
+) -> list[report.Row]:
+    """Wait for the workers, passing each result line to ``on_row`` as it appears."""
+    rows: list[report.Row] = []
+    deadline = time.monotonic() + timeout
+    offset = 0
+    while True:
+        finished = all(p.poll() is not None for p in procs)
+        if os.path.exists(out_path):
+            with open(out_path) as f:
+                f.seek(offset)
+                chunk = f.read()
+            complete = chunk[: chunk.rfind("\n") + 1]
+            offset += len(complete)
+            for line in complete.splitlines():
+                rows.append(json.loads(line))
+                on_row(rows[-1])
+        failed = [p for p in procs if p.returncode not in (None, 0)]
+        if failed or finished:
+            break
+        if time.monotonic() > deadline:
+            raise BackendFailed(f"timed out after {timeout:g} s")
+        time.sleep(0.1)
+    if failed:
+        raise BackendFailed(f"worker {procs.index(failed[0])} exited with {failed[0].returncode}")
+    return rows
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # the worker's own session, started above
+        p.wait(timeout=30)
+
+
+def run_backend(
+    backend: str, config: AllreduceBenchConfig, tmp: str, on_row: Callable[[report.Row], None]
+) -> list[report.Row]:
+    """Start ``config.np`` workers for ``backend``, return rank 0's rows; BackendFailed on error."""
+    out = os.path.join(tmp, f"{backend}.jsonl")
+    plan_path = os.path.join(tmp, f"{backend}.plan.json")
+    with open(plan_path, "w") as f:
+        json.dump(config.plan(out), f)
+    server = None
+    extra: dict[str, str] = {}
+    if backend == "hora":
+        from hora.rendezvous.server import RendezvousServer
+
+        secret = secrets.token_bytes(32)
+        server = RendezvousServer(secret, host="127.0.0.1")
+        extra = {
+            "HORA_RENDEZVOUS_ADDR": "127.0.0.1",
+            "HORA_RENDEZVOUS_PORT": str(server.start()),
+            "HORA_SECRET_KEY": secret.hex(),
+        }
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs = _spawn(backend, config.np, plan_path, tmp, extra)
+        try:
+            return _follow(procs, out, config.timeout, on_row)
+        except BackendFailed as e:
+            logs = sorted(
+                n for n in os.listdir(tmp) if n.startswith(backend + ".") and n.endswith(".log")
+            )
+            tails = "\n".join(f"--- {n}\n{_tail(os.path.join(tmp, n))}" for n in logs)
+            raise BackendFailed(f"{e}\n{tails}") from e
+    finally:
+        _stop(procs)
+        if server is not None:
+            server.stop()
+
+
+def run_allreduce_bench(
+    config: AllreduceBenchConfig, progress: Callable[[str], None] | None = None
+) -> BenchResult:
+    """Measure every backend of ``config`` in turn; write the CSV/JSON/plot files it names."""
+    say = progress or (lambda _msg: None)
+    meta = {
+        "np": config.np,
+        "host": f"{socket.gethostname()} ({os.cpu_count()} CPUs)",
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "versions": {d: _version(d) for d in ("hora", "numpy", "torch", "mpi4py")},
+        "dtype": "float32",
+        "op": "sum, in place",
+    }
+    rows: list[report.Row] = []
+    skipped: dict[str, str] = {}
+
+    def on_row(row: report.Row) -> None:
+        (done,) = report.with_bandwidth([row], config.np)
+        say(
+            f"[{done['backend']}] {done['case']} {report.human_size(done['size_bytes'])}: "
+            f"p50 {done['median_s'] * 1e3:.3f} ms, p90 {done['p90_s'] * 1e3:.3f} ms, "
+            f"busbw {done['busbw_gbps']:.3f} GB/s ({done['iters']} iterations)"
+        )
+
+    with tempfile.TemporaryDirectory(prefix="hora-bench-") as tmp:
+        for backend in config.backends:
+            reason = unavailable(backend)
+            if reason is not None:
+                skipped[backend] = reason
+                say(f"[{backend}] skipped: {reason}")
+                continue
+            say(f"[{backend}] starting {config.np} workers")
+            try:
+                rows += run_backend(backend, config, tmp, on_row)
+            except BackendFailed as e:
+                skipped[backend] = f"failed: {e}"
+                say(f"[{backend}] failed: {e}")
+    result = BenchResult(meta, report.with_bandwidth(rows, config.np), skipped)
+    if config.csv:
+        with open(config.csv, "w") as f:
+            f.write(report.to_csv(result.rows))
+    if config.json:
+        with open(config.json, "w") as f:
+            f.write(report.to_json(result.meta, result.rows, result.skipped))
+    if config.plot and any(r["case"] == "allreduce" for r in result.rows):
+        report.plot_bus_bandwidth(result.rows, config.plot, result.title())
+    return result
+
+
+def render(result: BenchResult) -> str:
+    """The terminal report: the main table, then the engine-cost table, then what was skipped."""
+    lines = [
+        result.title(),
+        "latency per call after warm-up; busbw = size / p50 * 2(n-1)/n; "
+        "hora/x = hora's busbw over x's",
+        "",
+    ]
+    if any(r["case"] == "allreduce" for r in result.rows):
+        lines.append(report.allreduce_table(result.rows))
+    if any(r["case"] in ("api", "resnet50") for r in result.rows):
+        lines += [
+            "",
+            "engine cost (hora): A against B, alternating call by call",
+            report.engine_cost_table(result.rows),
+        ]
+    for backend, reason in result.skipped.items():
+        lines.append(f"skipped {backend}: {reason}")
+    return "\n".join(lines) + "\n"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add this benchmark's options to ``parser``."""
+    parser.add_argument("--np", type=int, default=2, help="ranks per backend (default 2)")
+    parser.add_argument(
+        "--sizes",
+        default="4K,64K,1M,16M,256M",
+        help="comma-separated message sizes per rank, e.g. 4K,1M,256M",
+    )
+    parser.add_argument(
+        "--iters",
+        type=int,
+        default=None,
+        help="timed calls per size (default: about 4 GiB of data, 10 to 1000)",
+    )
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        help=f"comma-separated, from {','.join(BACKENDS)} (default all)",
+    )
+    parser.add_argument(
+        "--engine-cost",
+        action="store_true",
+        help="also time hora's API against its backend called directly, and "
+        "ResNet-50's 161 gradient tensors against one buffer",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds allowed per backend (default 600)"
+    )
+    parser.add_argument("--csv", metavar="FILE", help="write the measurements as CSV")
+    parser.add_argument("--json", metavar="FILE", help="write the measurements as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a PNG of bus bandwidth")
+
+
+def config_from_args(args: argparse.Namespace) -> AllreduceBenchConfig:
+    return AllreduceBenchConfig(
+        np=args.np,
+        sizes=parse_sizes(args.sizes),
+        iters=args.iters,
+        backends=parse_backends(args.backends),
+        engine_cost=args.engine_cost,
+        timeout=args.timeout,
+        csv=args.csv,
+        json=args.json,
+        plot=args.plot,
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run from parsed arguments: progress on stderr, the report on stdout.
+
+    Returns 0, 1 when no backend produced a measurement, 2 for bad options.
+    """
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"hora.lab allreduce: error: {e}", file=sys.stderr)
+        return 2
+    result = run_allreduce_bench(config, lambda msg: print(msg, file=sys.stderr, flush=True))
+    sys.stdout.write(render(result))
+    return 0 if result.rows else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hora.lab.allreduce``-style entry: parse ``argv`` and run."""
+    parser = argparse.ArgumentParser(prog="python -m hora.lab allreduce", description=__doc__)
+    configure(parser)
+    return command(parser.parse_args(argv))

@@ -1,0 +1,210 @@
+"""Turning allreduce measurements into numbers people read: bandwidth, tables, CSV, JSON, a plot.
+
+A measurement row is a dict as the workers write it (``backend``, ``case``, ``size_bytes``,
+``tensors``, ``iters``, ``warmup``, ``median_s``, ``p90_s``, ``min_s``, ``mean_s``); the functions
+here add the derived bandwidths and render. Pure functions of their arguments (the plot writes
+its file); thread-safe.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+Row = dict[str, Any]
+
+HORA = "hora"
+CSV_COLUMNS = [
+    "backend",
+    "case",
+    "np",
+    "size_bytes",
+    "tensors",
+    "iters",
+    "warmup",
+    "median_s",
+    "p90_s",
+    "min_s",
+    "mean_s",
+    "algbw_gbps",
+    "busbw_gbps",
+]
+
+
+def algorithm_bandwidth(size_bytes: int, seconds: float) -> float:
+    """Bytes per second of one rank's buffer through the collective: ``size / time``."""
+    if seconds <= 0:
+        raise ValueError(f"a time must be positive to give a bandwidth, got {seconds}")
+    return size_bytes / seconds
+
+
+def bus_bandwidth(size_bytes: int, seconds: float, nranks: int) -> float:
+    """Allreduce bus bandwidth in bytes/s: algorithm bandwidth times ``2 (n - 1) / n``.
+
+    The factor is the share of the buffer each rank must send (and receive) in a bandwidth-optimal
+    allreduce, so the figure is comparable across world sizes and with the link's speed.
+    """
+    if nranks < 1:
+        raise ValueError(f"the number of ranks must be >= 1, got {nranks}")
+    return algorithm_bandwidth(size_bytes, seconds) * 2 * (nranks - 1) / nranks
+
+
+def with_bandwidth(rows: Sequence[Row], nranks: int) -> list[Row]:
+    """Copies of ``rows`` with ``np``, ``algbw_gbps`` and ``busbw_gbps`` (10^9 bytes/s) added."""
+    out = []
+    for row in rows:
+        t = row["median_s"]
+        out.append(
+            {
+                **row,
+                "np": nranks,
+                "algbw_gbps": algorithm_bandwidth(row["size_bytes"], t) / 1e9,
+                "busbw_gbps": bus_bandwidth(row["size_bytes"], t, nranks) / 1e9,
+            }
+        )
+    return out
+
+
+def human_size(nbytes: int) -> str:
+    """``4096 -> '4 KiB'``, ``1536 -> '1.5 KiB'``, ``256 * 2**20 -> '256 MiB'`` (4 digits)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes} B"
+
+
+def format_table(headers: Sequence[str], body: Sequence[Sequence[str]], left: int = 1) -> str:
+    """Aligned columns: the first ``left`` ones to the left (labels), the rest to the right."""
+    widths = [max(len(r[i]) for r in [headers, *body]) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in body)])
+
+
+def allreduce_table(rows: Sequence[Row]) -> str:
+    """Latency and bus bandwidth per size and backend, with hora's bandwidth ratio to the others.
+
+    ``rows`` carry bandwidths (:func:`with_bandwidth`); only ``case == "allreduce"`` is shown.
+    A ratio above 1 means hora moved more bytes per second than that backend.
+    """
+    main = [r for r in rows if r["case"] == "allreduce"]
+    backends = list(dict.fromkeys(r["backend"] for r in main))
+    peers = [b for b in backends if b != HORA] if HORA in backends else []
+    by_key = {(r["size_bytes"], r["backend"]): r for r in main}
+    headers = ["size", "backend", "iters", "p50 ms", "p90 ms", "busbw GB/s"]
+    headers += [f"hora/{p}" for p in peers]
+    body = []
+    for size in sorted({r["size_bytes"] for r in main}):
+        first = True
+        for b in backends:
+            r = by_key.get((size, b))
+            if r is None:
+                continue
+            cells = [
+                human_size(size) if first else "",
+                b,
+                str(r["iters"]),
+                f"{r['median_s'] * 1e3:.3f}",
+                f"{r['p90_s'] * 1e3:.3f}",
+                f"{r['busbw_gbps']:.3f}",
+            ]
+            for p in peers:
+                other = by_key.get((size, p))
+                cells.append(
+                    f"{r['busbw_gbps'] / other['busbw_gbps']:.2f}x"
+                    if b == HORA and other is not None
+                    else ""
+                )
+            body.append(cells)
+            first = False
+    return format_table(headers, body, left=2)
+
+
+def engine_cost_table(rows: Sequence[Row]) -> str:
+    """hora's API against its backend called directly; ResNet-50's tensors against one buffer."""
+    by_key = {(r["case"], r["size_bytes"]): r for r in rows}
+    body = []
+    for size in sorted({r["size_bytes"] for r in rows if r["case"] == "api"}):
+        api, direct = by_key[("api", size)], by_key.get(("direct", size))
+        if direct is None:
+            continue
+        body.append(
+            [
+                f"allreduce {human_size(size)}",
+                "API",
+                "backend direct",
+                f"{api['median_s'] * 1e3:.3f}",
+                f"{direct['median_s'] * 1e3:.3f}",
+                f"{api['median_s'] / direct['median_s']:.3f}",
+            ]
+        )
+    many = next((r for r in rows if r["case"] == "resnet50"), None)
+    one = next((r for r in rows if r["case"] == "one buffer"), None)
+    if many is not None and one is not None:
+        body.append(
+            [
+                f"ResNet-50 {human_size(many['size_bytes'])}",
+                f"{many['tensors']} tensors",
+                "one buffer",
+                f"{many['median_s'] * 1e3:.3f}",
+                f"{one['median_s'] * 1e3:.3f}",
+                f"{many['median_s'] / one['median_s']:.3f}",
+            ]
+        )
+    return format_table(["case", "A", "B", "A p50 ms", "B p50 ms", "A/B"], body, left=3)
+
+
+def to_csv(rows: Sequence[Row]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def to_json(meta: dict[str, Any], rows: Sequence[Row], skipped: dict[str, str]) -> str:
+    return json.dumps({"meta": meta, "rows": list(rows), "skipped": skipped}, indent=2) + "\n"
+
+
+def plot_bus_bandwidth(rows: Sequence[Row], path: str, title: str) -> None:
+    """A PNG of bus bandwidth against message size (log x), one line per backend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    main = [r for r in rows if r["case"] == "allreduce"]
+    if not main:
+        raise ValueError("no allreduce measurements to plot")
+    fig = Figure(figsize=(8, 5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for backend in dict.fromkeys(r["backend"] for r in main):
+        mine = sorted((r for r in main if r["backend"] == backend), key=lambda r: r["size_bytes"])
+        ax.plot(
+            [r["size_bytes"] for r in mine],
+            [r["busbw_gbps"] for r in mine],
+            marker="o",
+            label=backend,
+        )
+    sizes = sorted({r["size_bytes"] for r in main})
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sizes))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human_size(int(v))))
+    ax.set_xlabel("message size per rank (bytes, float32)")
+    ax.set_ylabel("bus bandwidth (GB/s, 10^9 bytes/s)")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")

@@ -1,0 +1,259 @@
+"""The measuring side of ``hora.lab allreduce``: one process per rank, one backend per job.
+
+Run as ``python -m hora.lab.workers <hora|gloo|mpi> <plan.json>`` by :mod:`hora.lab.allreduce`
+(``mpi`` under ``mpirun``). The plan names the sizes, the iterations and warm-up per size, and
+the file where rank 0 appends one JSON line per measurement. Every backend reduces a float32
+buffer in place with Sum: ``hvd.allreduce(x, op=hvd.Sum, output=x)``, ``dist.all_reduce(t)`` on
+a CPU tensor sharing ``x``'s memory, ``comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)``. The first
+call of each size is checked against the expected sum; the timed calls then run on zeros. Each
+call is timed on its own; a barrier starts every timed batch.
+
+With ``engine_cost`` the hora worker also times, alternating call by call so that both sides
+see the same machine: (a) the API against the native backend's ``allreduce`` called directly
+on the engine's own process-set communicator (the engine is idle in between, so the data
+channel is free), and (b) ResNet-50's gradients as one async allreduce per tensor, submitted
+in backward order and then synchronized, against one buffer of the same total size.
+
+Single-threaded script; nothing here is imported by the rest of hora.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+Call = Callable[[], Any]
+
+
+def resnet50_shapes() -> list[tuple[int, ...]]:
+    """The parameter (gradient) shapes of ResNet-50 for 1000 classes, in forward order.
+
+    Stem conv and batch norm, 16 bottleneck blocks (3, 4, 6, 3) of three convs with their batch
+    norms, a projection shortcut in each stage's first block, then the classifier: 161 tensors,
+    25,557,032 floats.
+    """
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
+    inplanes = 64
+    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for block in range(blocks):
+            out = planes * 4
+            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,)]
+            shapes += [(planes, planes, 3, 3), (planes,), (planes,)]
+            shapes += [(out, planes, 1, 1), (out,), (out,)]
+            if block == 0:
+                shapes += [(out, inplanes, 1, 1), (out,), (out,)]
+            inplanes = out
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def time_batch(call: Call, iters: int, warmup: int, barrier: Call) -> list[float]:
+    """Seconds per call of ``iters`` timed calls, after ``warmup`` untimed ones and a barrier."""
+    for _ in range(warmup):
+        call()
+    barrier()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def time_pair(
+    first: Call, second: Call, iters: int, warmup: int, barrier: Call
+) -> tuple[list[float], list[float]]:
+    """Like :func:`time_batch` for two calls, alternating them so both see the same noise."""
+    for _ in range(warmup):
+        first()
+        second()
+    barrier()
+    a, b = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        first()
+        t1 = time.perf_counter()
+        second()
+        t2 = time.perf_counter()
+        a.append(t1 - t0)
+        b.append(t2 - t1)
+    return a, b
+
+
+def stats(times: list[float]) -> dict[str, float]:
+    arr = np.asarray(times)
+    return {
+        "median_s": float(np.median(arr)),
+        "p90_s": float(np.percentile(arr, 90)),
+        "min_s": float(arr.min()),
+        "mean_s": float(arr.mean()),
+    }
+
+
+class Sink:
+    """Rank 0's result file: one JSON object per line, flushed as soon as it is known."""
+
+    def __init__(self, path: str, rank: int, backend: str) -> None:
+        self.path, self.rank, self.backend = path, rank, backend
+
+    def put(
+        self, case: str, size_bytes: int, tensors: int, warmup: int, times: list[float]
+    ) -> None:
+        if self.rank != 0:
+            return
+        row = {
+            "backend": self.backend,
+            "case": case,
+            "size_bytes": size_bytes,
+            "tensors": tensors,
+            "iters": len(times),
+            "warmup": warmup,
+            **stats(times),
+        }
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _checked(x: np.ndarray, reduce: Call, size: int, label: str) -> None:
+    """Run one reduction of ``rank + 1`` everywhere, check the sum, then zero ``x``."""
+    reduce()
+    expected = size * (size + 1) / 2
+    if not (x[0] == expected and x[-1] == expected and np.all(x == expected)):
+        raise RuntimeError(f"{label} allreduce gave {x[:4]}..., expected {expected} everywhere")
+    x[...] = 0
+
+
+def measure_sizes(
+    plan: dict[str, Any],
+    rank: int,
+    size: int,
+    sink: Sink,
+    make_call: Callable[[np.ndarray, int], Call],
+    barrier: Call,
+) -> None:
+    for nbytes, iters, warmup in zip(plan["sizes"], plan["iters"], plan["warmup"]):
+        x = np.full(nbytes // 4, rank + 1, dtype=np.float32)
+        call = make_call(x, nbytes)
+        _checked(x, call, size, sink.backend)
+        sink.put("allreduce", nbytes, 1, warmup, time_batch(call, iters, warmup, barrier))
+
+
+def run_hora(plan: dict[str, Any]) -> None:
+    import hora as hvd
+
+    hvd.init()
+    try:
+        rank, size = hvd.rank(), hvd.size()
+        sink = Sink(plan["out"], rank, "hora")
+
+        def make_call(x: np.ndarray, nbytes: int) -> Call:
+            name = f"bench.{nbytes}"
+            return lambda: hvd.allreduce(x, op=hvd.Sum, output=x, name=name)
+
+        measure_sizes(plan, rank, size, sink, make_call, hvd.barrier)
+        if plan["engine_cost"]:
+            _engine_cost(plan, rank, size, sink, hvd)
+    finally:
+        hvd.shutdown()
+
+
+def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: Any) -> None:
+    from hora.collectives.reduce_ops import SUM
+    from hora.core.runtime import runtime
+
+    engine = runtime().engine
+    comm, backend = engine.members[0].comm, engine.executor.backend
+    for nbytes, iters, warmup in zip(plan["sizes"], plan["iters"], plan["warmup"]):
+        if nbytes < plan["engine_cost_min_bytes"]:
+            continue
+        x = np.zeros(nbytes // 4, dtype=np.float32)
+        name = f"bench.{nbytes}"
+        api, direct = time_pair(
+            lambda x=x, name=name: hvd.allreduce(x, op=hvd.Sum, output=x, name=name),
+            lambda x=x: backend.allreduce(comm, x, "float32", SUM),
+            iters,
+            warmup,
+            hvd.barrier,
+        )
+        sink.put("api", nbytes, 1, warmup, api)
+        sink.put("direct", nbytes, 1, warmup, direct)
+
+    shapes = resnet50_shapes()[::-1]  # gradients become ready from the last layer back
+    grads = [np.zeros(s, dtype=np.float32) for s in shapes]
+    total = sum(g.size for g in grads)
+    one = np.zeros(total, dtype=np.float32)
+
+    def many() -> None:
+        handles = [
+            hvd.allreduce_async(g, op=hvd.Sum, output=g, name=f"resnet50.{i}")
+            for i, g in enumerate(grads)
+        ]
+        for h in handles:
+            hvd.synchronize(h)
+
+    iters, warmup = plan["resnet_iters"], plan["resnet_warmup"]
+    many_t, one_t = time_pair(
+        many,
+        lambda: hvd.allreduce(one, op=hvd.Sum, output=one, name="resnet50.fused"),
+        iters,
+        warmup,
+        hvd.barrier,
+    )
+    sink.put("resnet50", total * 4, len(grads), warmup, many_t)
+    sink.put("one buffer", total * 4, 1, warmup, one_t)
+
+
+def run_gloo(plan: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=plan["timeout"]))
+    try:
+        rank, size = dist.get_rank(), dist.get_world_size()
+
+        def make_call(x: np.ndarray, nbytes: int) -> Call:
+            t = torch.from_numpy(x)
+            return lambda: dist.all_reduce(t)
+
+        measure_sizes(plan, rank, size, Sink(plan["out"], rank, "gloo"), make_call, dist.barrier)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_mpi(plan: dict[str, Any]) -> None:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def make_call(x: np.ndarray, nbytes: int) -> Call:
+        return lambda: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+
+    measure_sizes(plan, rank, size, Sink(plan["out"], rank, "mpi"), make_call, comm.Barrier)
+
+
+RUNNERS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "hora": run_hora,
+    "gloo": run_gloo,
+    "mpi": run_mpi,
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in RUNNERS:
+        sys.stderr.write(f"usage: python -m hora.lab.workers {{{'|'.join(RUNNERS)}}} PLAN.json\n")
+        return 2
+    with open(argv[1]) as f:
+        plan = json.load(f)
+    RUNNERS[argv[0]](plan)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
