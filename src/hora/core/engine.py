@@ -82,6 +82,9 @@ class Engine:
         self.cause: str | None = None  # why the engine stopped, once it has
         self._stopped = threading.Event()
         self._last_stall_warn = 0.0
+        # counters for tests and debugging: requests sent in full or as cache bits, responses
+        # executed, tensors that travelled inside a fused response
+        self.stats = {"requests_full": 0, "requests_cached": 0, "responses": 0, "fused": 0}
         self._last_stall_check = 0.0
         self._thread = threading.Thread(target=self._main, name="hora-engine", daemon=True)
 
@@ -248,6 +251,8 @@ class Engine:
                 else:
                     hits.append(cid)
         for ps_id, (full, hits) in by_set.items():
+            self.stats["requests_full"] += len(full)
+            self.stats["requests_cached"] += len(hits)
             msg = {"t": "req", "ps": ps_id, "ep": self.members[ps_id].epoch, "r": full,
                    "h": bits_encode(hits)}
             if self.rank == 0:
@@ -269,6 +274,9 @@ class Engine:
     def _perform(self, ms: MemberState, resp: Response) -> None:
         op = resp.op
         tl = self.timeline
+        self.stats["responses"] += 1
+        if len(resp.specs) > 1:
+            self.stats["fused"] += len(resp.specs)
         names = resp.names
         keys = [s.request.match for s in resp.specs]
         if tl is not None:
