@@ -1,0 +1,156 @@
+"""hora.lab report: bandwidth arithmetic and table/CSV/JSON/PNG rendering from synthetic rows."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hora.lab import report
+from hora.lab.allreduce import BenchResult, render
+
+
+def _row(backend: str, size: int, median: float, case: str = "allreduce", **kw: Any) -> dict:
+    return {
+        "backend": backend,
+        "case": case,
+        "size_bytes": size,
+        "tensors": 1,
+        "iters": 10,
+        "warmup": 2,
+        "median_s": median,
+        "p90_s": median * 1.5,
+        "min_s": median / 2,
+        "mean_s": median,
+        **kw,
+    }
+
+
+ROWS = report.with_bandwidth(
+    [
+        _row("hora", 4096, 100e-6),
+        _row("gloo", 4096, 700e-6),
+        _row("mpi", 4096, 4e-6),
+        _row("hora", 1 << 20, 0.5e-3),
+        _row("gloo", 1 << 20, 1.0e-3),
+    ],
+    nranks=2,
+)
+
+
+def test_bus_bandwidth_arithmetic() -> None:
+    assert report.algorithm_bandwidth(1000, 0.5) == 2000
+    assert report.bus_bandwidth(1000, 0.5, 2) == 2000  # 2(n-1)/n = 1 at n = 2
+    assert report.bus_bandwidth(1000, 0.5, 4) == pytest.approx(3000)  # 1.5 at n = 4
+    assert report.bus_bandwidth(1000, 0.5, 1) == 0
+    with pytest.raises(ValueError, match="positive"):
+        report.bus_bandwidth(1000, 0.0, 2)
+    with pytest.raises(ValueError, match="ranks"):
+        report.bus_bandwidth(1000, 1.0, 0)
+
+
+def test_with_bandwidth_adds_gbps() -> None:
+    hora_1m = ROWS[3]
+    assert hora_1m["np"] == 2
+    assert hora_1m["busbw_gbps"] == pytest.approx((1 << 20) / 0.5e-3 / 1e9)
+    assert hora_1m["algbw_gbps"] == hora_1m["busbw_gbps"]
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "text"),
+    [
+        (12, "12 B"),
+        (4096, "4 KiB"),
+        (1536, "1.5 KiB"),
+        (256 << 20, "256 MiB"),
+        (1 << 30, "1 GiB"),
+        (102228128, "97.49 MiB"),
+    ],
+)
+def test_human_size(nbytes: int, text: str) -> None:
+    assert report.human_size(nbytes) == text
+
+
+def test_allreduce_table_aligns_columns_and_shows_ratios() -> None:
+    text = report.allreduce_table(ROWS)
+    lines = text.splitlines()
+    assert lines[0].split() == [
+        "size",
+        "backend",
+        "iters",
+        "p50",
+        "ms",
+        "p90",
+        "ms",
+        "busbw",
+        "GB/s",
+        "hora/gloo",
+        "hora/mpi",
+    ]
+    assert set(lines[1]) <= {"-", " "}
+    widths = {len(line) for line in lines[:2]}
+    assert len(widths) == 1  # header and rule are as wide as the widest column set
+    hora_4k = next(line for line in lines if line.startswith("4 KiB"))
+    assert hora_4k.split()[2:] == ["hora", "10", "0.100", "0.150", "0.041", "7.00x", "0.04x"]
+    hora_1m = next(line for line in lines if line.startswith("1 MiB"))
+    assert hora_1m.endswith("2.00x")  # no mpi measurement at 1 MiB: no ratio
+    gloo_rows = [line for line in lines if " gloo " in line]
+    assert all(not line.rstrip().endswith("x") for line in gloo_rows)
+    p50_col = lines[0].index("p50 ms") + len("p50 ms")
+    assert all(line[p50_col - 1].isdigit() for line in lines[2:])  # numbers right-aligned
+
+
+def test_engine_cost_table() -> None:
+    rows = report.with_bandwidth(
+        [
+            _row("hora", 1 << 20, 1.1e-3, case="api"),
+            _row("hora", 1 << 20, 1.0e-3, case="direct"),
+            _row("hora", 102228128, 0.12, case="resnet50", tensors=161),
+            _row("hora", 102228128, 0.10, case="one buffer"),
+        ],
+        nranks=2,
+    )
+    text = report.engine_cost_table(rows)
+    assert "allreduce 1 MiB" in text and "1.100" in text and "1.000" in text
+    resnet = next(line for line in text.splitlines() if line.startswith("ResNet-50"))
+    assert "161 tensors" in resnet and resnet.split()[-1] == "1.200"
+
+
+def test_csv_round_trips() -> None:
+    parsed = list(csv.DictReader(io.StringIO(report.to_csv(ROWS))))
+    assert [r["backend"] for r in parsed] == ["hora", "gloo", "mpi", "hora", "gloo"]
+    assert list(parsed[0]) == report.CSV_COLUMNS
+    assert float(parsed[1]["median_s"]) == pytest.approx(700e-6)
+    assert float(parsed[3]["busbw_gbps"]) == pytest.approx(ROWS[3]["busbw_gbps"])
+
+
+def test_json_round_trips() -> None:
+    doc = json.loads(report.to_json({"np": 2}, ROWS, {"mpi": "mpirun is not on PATH"}))
+    assert doc["meta"] == {"np": 2}
+    assert doc["rows"] == ROWS
+    assert doc["skipped"] == {"mpi": "mpirun is not on PATH"}
+
+
+@pytest.mark.timeout(60)
+def test_plot_is_a_png(tmp_path: Path) -> None:
+    path = tmp_path / "bw.png"
+    report.plot_bus_bandwidth(ROWS, str(path), "allreduce test")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000
+    with pytest.raises(ValueError, match="no allreduce"):
+        report.plot_bus_bandwidth([], str(tmp_path / "none.png"), "empty")
+
+
+def test_render_lists_skipped_backends() -> None:
+    result = BenchResult(
+        {"np": 2, "host": "box (2 CPUs)"}, ROWS, {"mpi": "mpi4py is not installed"}
+    )
+    text = render(result)
+    assert text.startswith("allreduce float32 Sum, np=2, box (2 CPUs)")
+    assert "hora/gloo" in text and "engine cost" not in text
+    assert text.rstrip().endswith("skipped mpi: mpi4py is not installed")
