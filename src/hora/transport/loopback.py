@@ -129,6 +129,7 @@ class _Lane:
         if self.notify is not None:
             for s in self.notify:
                 s.close()
+            self.notify = None
 
 
 class _Connection:
@@ -198,7 +199,7 @@ class LoopbackPair:
 
     def fileno(self) -> int:
         with self._conn.lock:
-            if self._in.notify is None:
+            if self._in.notify is None:  # first use (or after the world closed: a fresh one)
                 reader, writer = socket.socketpair()
                 reader.setblocking(False)
                 writer.setblocking(False)
@@ -296,6 +297,7 @@ class LoopbackWorld:
         self.size = size
         self.timeout = timeout
         self._lock = threading.Lock()
+        self._closed = False
         self._conns: dict[tuple[int, int, int], _Connection] = {}
         self.transports = [LoopbackTransport(self, r) for r in range(size)]
 
@@ -304,13 +306,19 @@ class LoopbackWorld:
         with self._lock:
             if key not in self._conns:
                 self._conns[key] = _Connection()
+                if self._closed:
+                    self._conns[key].close("the loopback world was closed")
             return self._conns[key]
 
     def close(self) -> None:
-        for t in self.transports:
-            t.close()
+        """Close every connection, also those not made yet (they are born closed)."""
         with self._lock:
-            for conn in self._conns.values():
+            self._closed = True
+            conns = list(self._conns.values())
+        for conn in conns:
+            conn.close("the loopback world was closed")
+        for conn in conns:
+            with conn.lock:
                 for lane in conn.lanes.values():
                     lane.close_notify()
 

@@ -153,3 +153,17 @@ def test_process_subset_through_group_comm(algorithm: str) -> None:
         np.testing.assert_array_equal(results[rank], np.full(5, sum(members)))
     with pytest.raises(ValueError, match="not a member"):
         run_ranks(2, lambda t: GroupComm(t, [1]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_mismatched_lengths_fail_instead_of_hanging(algorithm: str) -> None:
+    from hora.errors import TransportError
+
+    run = ALGORITHMS[algorithm]
+
+    def body(t: LoopbackTransport) -> None:
+        run(t, np.zeros(1000 + 8 * t.rank, np.float32), "float32", SUM)
+
+    with pytest.raises(TransportError):
+        run_ranks(3, body)

@@ -108,6 +108,9 @@ def test_close_wakes_the_peer_and_fileno_signals_frames(world: LoopbackWorld) ->
         pending.wait()
     assert len(sel.select(timeout=1.0)) == 1  # a closed connection reads as readable
     sel.close()
+    for work in (a.isend(b"x"), a.irecv(bytearray(1)), b.isend(b"y")):
+        with pytest.raises(TransportError):
+            work.wait()  # failures surface on wait, like the TCP transport
 
 
 @pytest.mark.timeout(30)
@@ -122,6 +125,9 @@ def test_run_reports_the_root_error_and_rejects_self_pairs() -> None:
 
     with pytest.raises(RuntimeError, match="rank 2 broke"):
         world.run(body)
+    late = world.transports[0].pair(2)  # made after the world closed: born closed
+    with pytest.raises(TransportError, match="closed"):
+        late.recv_into(bytearray(1))
     assert LoopbackWorld(2).run(lambda t: t.rank * 10) == [0, 10]
     with pytest.raises(ValueError, match="no pair"):
         LoopbackWorld(2).transports[0].pair(0)
