@@ -232,7 +232,7 @@ class Coordinator:
     def take_responses(self) -> list[tuple[SetState, list[Response]]]:
         """Ready work of every set, fused, in the order it became ready."""
         out: list[tuple[SetState, list[Response]]] = []
-        for st in self.sets.values():
+        for st in list(self.sets.values()):  # a response may add or remove a set
             responses = self._fuse(st.ready)
             st.ready = []
             for resp in responses:

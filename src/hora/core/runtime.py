@@ -43,6 +43,7 @@ class Runtime:
         self.engine.start()
         self.sets: dict[int, ProcessSet] = {0: global_process_set}
         self.dynamic_counter = 0
+        self.auto_names: dict[tuple[int, str], int] = {}  # (set, op) -> unnamed ops so far
 
     def _connect(self, ident: Identity, settings: Settings, generation: int) -> Any:
         from hora.rendezvous.client import StoreClient

@@ -9,7 +9,6 @@ Thread-safe: any user thread may call these.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +31,6 @@ _OPS = {AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT}
 _handles = HandleTable()
 _pending_lock = threading.Lock()
 _pending: dict[tuple[int, str], int] = {}  # (set id, name) -> 1 while in flight
-_dynamic_ids = itertools.count()
 
 Finalize = Callable[[Any], Any] | None
 
@@ -71,8 +69,19 @@ def _reduce_op(op: int | None, average: bool | None = None) -> int:
     return int(op)
 
 
-def _names(kind: str, name: str | None, count: int | None, hid: int) -> list[str]:
-    base = f"{kind}.{name}" if name else f"{kind}.noname.{hid}"
+def _names(kind: str, name: str | None, count: int | None, ps_id: int) -> list[str]:
+    """Horovod's names: ``<op>.<name>``, or ``<op>.noname.<n>`` when none was given.
+
+    ``n`` counts the unnamed ops of this kind on this process set, not handles (as Horovod
+    does), so ranks that also run ops on other sets still agree on the name.
+    """
+    if name:
+        base = f"{kind}.{name}"
+    else:
+        counters = _rt.runtime().auto_names
+        n = counters.get((ps_id, kind), 0)
+        counters[(ps_id, kind)] = n + 1
+        base = f"{kind}.noname.{n}"
     return [base] if count is None else [f"{base}_{i}of{count}" for i in range(count)]
 
 
@@ -122,11 +131,11 @@ def _submit(ps_id: int, requests: list[Request], arrays: list[np.ndarray | None]
 
 def _prepare(kind: OpType, arrays: Sequence[Any], name: str | None, dtype: str | None,
              grouped: bool, finalize: Finalize, make: Callable[[np.ndarray, str, str], Request],
-             convert: Callable[[Any, np.dtype], Any] | None = None,
+             ps_id: int, convert: Callable[[Any, np.dtype], Any] | None = None,
              ) -> tuple[list[Request], list[np.ndarray], Handle]:
     """Validate arrays, build their requests, and a handle whose result is in user dtypes."""
     handle = Handle()
-    names = _names(kind.name.lower(), name, len(arrays) if grouped else None, int(handle))
+    names = _names(kind.name.lower(), name, len(arrays) if grouped else None, ps_id)
     reqs, arrs, udts = [], [], []
     for n, x in zip(names, arrays):
         arr, dt, udt = _array(x, dtype)
@@ -183,7 +192,8 @@ def _reduction(kind: OpType, arrays: Sequence[Any], grouped: bool, name: str | N
                        prescale=float(prescale_factor), postscale=float(postscale_factor))
 
     label = OpType.ALLREDUCE if kind == OpType.ADASUM else kind
-    reqs, arrs, handle = _prepare(label, arrays, name, dtype, grouped, finalize, make)
+    reqs, arrs, handle = _prepare(label, arrays, name, dtype, grouped, finalize, make,
+                                  ps_id)
     for r in reqs:
         r.op = kind
     return _submit(ps_id, reqs, list(arrs), _outputs(outputs, arrs, dtype), handle, grouped)
@@ -243,7 +253,7 @@ def _gather(arrays: Sequence[Any], grouped: bool, name: str | None,
         return Request(OpType.ALLGATHER, n, dt, shape)
 
     reqs, arrs, handle = _prepare(OpType.ALLGATHER, arrays, name, dtype, grouped, finalize,
-                                  make)
+                                  make, ps_id)
     arrs = [a.reshape(1) if a.ndim == 0 else a for a in arrs]
     return _submit(ps_id, reqs, list(arrs), [None] * len(arrs), handle, grouped)
 
@@ -274,7 +284,8 @@ def broadcast_async(array: Any, root_rank: int, *, name: str | None = None,
     def make(arr: np.ndarray, dt: str, n: str) -> Request:
         return Request(OpType.BROADCAST, n, dt, tuple(arr.shape), root=root)
 
-    reqs, arrs, handle = _prepare(OpType.BROADCAST, [array], name, dtype, False, finalize, make)
+    reqs, arrs, handle = _prepare(OpType.BROADCAST, [array], name, dtype, False, finalize, make,
+                                  ps_id)
     outs = _outputs(None if output is None else [output], arrs, dtype)
     return _submit(ps_id, reqs, list(arrs), outs, handle, False)
 
@@ -306,7 +317,7 @@ def alltoall_async(array: Any, splits: Any = None, *, name: str | None = None,
         return _restore(res[0], udt), res[1]
 
     reqs, arrs, handle = _prepare(OpType.ALLTOALL, [array], name, dtype, False, finalize,
-                                  make, convert)
+                                  make, ps_id, convert)
     return _submit(ps_id, reqs, list(arrs), [None], handle, False)
 
 
@@ -333,13 +344,18 @@ def join(process_set: ProcessSet | None = None) -> int:
     return int(_control(OpType.JOIN, "join.noname", process_set).wait())
 
 
+def _next_set_op(rt: Any) -> int:
+    rt.dynamic_counter += 1
+    return int(rt.dynamic_counter)
+
+
 def register_process_set(ps: ProcessSet) -> ProcessSet:
     """Negotiate ``ps`` with every rank (all must register the same sets in the same order)."""
     rt = _rt.runtime()
     if any(r >= rt.identity.size for r in ps.ranks) or not ps.ranks:
         raise ValueError(f"process set ranks {ps.ranks} must be a non-empty subset of "
                          f"0..{rt.identity.size - 1}")
-    name = f"process_set.add.{next(_dynamic_ids)}"
+    name = f"process_set.add.{_next_set_op(rt)}"
     ps_id = int(_control(OpType.ADD_PROCESS_SET, name, None, tuple(ps.ranks)).wait())
     ps._bind(ps_id, rt.identity.rank)
     rt.sets[ps_id] = ps
@@ -364,7 +380,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     ps_id = process_set.process_set_id
     if ps_id is None or ps_id == 0 or ps_id not in rt.sets:
         return False
-    name = f"process_set.remove.{next(_dynamic_ids)}"
+    name = f"process_set.remove.{_next_set_op(rt)}"
     _control(OpType.REMOVE_PROCESS_SET, name, None, tuple(process_set.ranks)).wait()
     del rt.sets[ps_id]
     process_set._unbind()
