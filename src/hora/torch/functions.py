@@ -104,7 +104,7 @@ def broadcast_optimizer_state(
     tensors: list[tuple[str, torch.Tensor]] = []
     for g, (group, described) in enumerate(zip(optimizer.param_groups, layout)):
         if not is_root:
-            pass
+            group.update(described["options"])
         for i, (p, entry) in enumerate(zip(group["params"], described["params"])):
             if not entry:
                 optimizer.state.pop(p, None)
