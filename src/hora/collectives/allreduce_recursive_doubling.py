@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hora.collectives.base import Comm, as_bytes, check_buffer
+from hora.collectives.base import EAGER_BYTES, Comm, as_bytes, check_buffer
 from hora.collectives.reduce_ops import reducer
 from hora.transport.base import Pair
-
-EAGER_BYTES = 32 << 10
 
 
 def exchange(pair: Pair, send: np.ndarray, recv: np.ndarray) -> None:

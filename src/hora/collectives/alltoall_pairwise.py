@@ -15,9 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hora.collectives.base import Comm, as_bytes, check_buffer, offsets_of
-
-EAGER_BYTES = 32 << 10
+from hora.collectives.base import EAGER_BYTES, Comm, as_bytes, check_buffer, offsets_of
 
 
 def _check_counts(name: str, counts: Sequence[int], n: int, arr: np.ndarray) -> list[int]:

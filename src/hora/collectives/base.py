@@ -27,6 +27,11 @@ import numpy as np
 from hora.dtypes import storage_dtype
 from hora.transport.base import DATA, Pair, Transport
 
+EAGER_BYTES = 32 << 10
+"""Messages up to this size are sent with a blocking ``send`` even when the peer is sending to
+us at the same time: the kernel's socket buffers take them whole, so the call cannot wait for
+the peer to receive, and the engine thread saves the hand-off to a background thread."""
+
 
 class Comm(Protocol):
     """A group of ranks as the algorithms see it."""

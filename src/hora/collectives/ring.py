@@ -8,6 +8,9 @@ step ``t``, the pass is one stream of segments: each block is cut into segments 
 of a block, 256 KiB to 4 MiB), and a segment is forwarded as soon as it has been reduced, while
 the receives of the next ``DEPTH - 1`` segments are already posted and earlier sends still drain.
 Sending, receiving and reducing therefore overlap, with ``DEPTH`` segments of scratch.
+When every block fits in ``EAGER_BYTES`` (and no segment size is forced), each step is a
+blocking send then receive on the calling thread instead: at that size a thread hand-off costs
+more than it overlaps.
 
 Receiving straight into a region that an earlier ``isend`` of this rank reads from is safe:
 the incoming bytes of a block are causally after the right neighbour received this rank's
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hora.collectives.base import Comm, as_bytes, split_even
+from hora.collectives.base import EAGER_BYTES, Comm, as_bytes, split_even
 from hora.collectives.reduce_ops import Reducer
 from hora.transport.base import Work
 
@@ -78,8 +81,11 @@ def ring_pass(
     if n == 1 or steps == 0:
         return
     itemsize = buf.itemsize
+    largest = max(bounds[b + 1] - bounds[b] for b in range(n))
     if segment_bytes is None:
-        largest = max(bounds[b + 1] - bounds[b] for b in range(n))
+        if largest * itemsize <= EAGER_BYTES:
+            _eager_pass(comm, buf, bounds, start, steps, reduce_steps, reduce, scratch, largest)
+            return
         segment_bytes = segment_size(largest * itemsize)
     seg_elems = max(1, segment_bytes // itemsize)
     blocks = [segments(bounds, b, seg_elems) for b in range(n)]
@@ -125,3 +131,41 @@ def ring_pass(
             post(i + DEPTH)
     for work in sends:
         work.wait()
+
+
+def _eager_pass(
+    comm: Comm,
+    buf: np.ndarray,
+    bounds: Sequence[int],
+    start: int,
+    steps: int,
+    reduce_steps: int,
+    reduce: Reducer | None,
+    scratch: np.ndarray | None,
+    largest: int,
+) -> None:
+    """The same ring with small blocks: blocking send then receive, no background threads."""
+    n, rank = comm.size, comm.rank
+    itemsize = buf.itemsize
+    raw = as_bytes(buf)
+    right = comm.pair((rank + 1) % n)
+    left = comm.pair((rank - 1) % n)
+    if scratch is not None and scratch.nbytes >= largest * itemsize:
+        tmp = scratch.reshape(-1).view(np.uint8)[: largest * itemsize].view(buf.dtype)
+    else:
+        tmp = np.empty(largest, buf.dtype)
+    for t in range(steps):
+        block = (start - t) % n
+        lo, hi = bounds[block], bounds[block + 1]
+        if hi > lo:
+            right.send(raw[lo * itemsize : hi * itemsize])
+        block = (block - 1) % n
+        lo, hi = bounds[block], bounds[block + 1]
+        if hi == lo:
+            continue
+        if t < reduce_steps and reduce is not None:
+            incoming = tmp[: hi - lo]
+            left.recv_into(as_bytes(incoming))
+            reduce(buf[lo:hi], incoming)
+        else:
+            left.recv_into(raw[lo * itemsize : hi * itemsize])
