@@ -158,14 +158,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_IDENTITY = re.compile(
+    r"^(HORA|HOROVOD)_(RANK|SIZE|LOCAL_RANK|LOCAL_SIZE|CROSS_RANK|CROSS_SIZE|HOSTNAME|"
+    r"RENDEZVOUS_ADDR|RENDEZVOUS_PORT|GLOO_RENDEZVOUS_ADDR|GLOO_RENDEZVOUS_PORT|SECRET_KEY)$"
+    r"|^(OMPI_COMM_WORLD|PMIX)_|^(RANK|WORLD_SIZE|LOCAL_RANK|MASTER_ADDR|MASTER_PORT)$"
+)
+
+
 def _base_env() -> dict[str, str]:
-    """This process's environment without any rank identity, one thread per worker."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not re.match(r"^(HORA|HOROVOD|OMPI_COMM_WORLD|PMIX)_", k)
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
+    """This process's environment (knobs such as ``HORA_CPU_BIND`` included) without any rank
+    identity, and one compute thread per worker."""
+    env = {k: v for k, v in os.environ.items() if not _IDENTITY.match(k)}
     env.update(
         OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1"
     )
@@ -238,10 +241,10 @@ def _follow(
     while True:
         finished = all(p.poll() is not None for p in procs)
         if os.path.exists(out_path):
-            with open(out_path) as f:
+            with open(out_path, "rb") as f:
                 f.seek(offset)
                 chunk = f.read()
-            complete = chunk[: chunk.rfind("\n") + 1]
+            complete = chunk[: chunk.rfind(b"\n") + 1]
             offset += len(complete)
             for line in complete.splitlines():
                 rows.append(json.loads(line))

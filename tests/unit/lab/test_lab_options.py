@@ -147,3 +147,28 @@ def test_resnet50_shapes_match_the_real_network() -> None:
     assert sum(math.prod(s) for s in shapes) == 25_557_032
     assert shapes[0] == (64, 3, 7, 7) and shapes[-2:] == [(1000, 2048), (1000,)]
     assert sum(1 for s in shapes if len(s) == 4) == 53  # 1 stem + 48 block + 4 projection convs
+
+
+def test_worker_env_drops_identity_and_keeps_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "HORA_RANK",
+        "HOROVOD_SIZE",
+        "HORA_SECRET_KEY",
+        "RANK",
+        "MASTER_PORT",
+        "OMPI_COMM_WORLD_RANK",
+    ):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("HORA_CPU_BIND", "none")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")
+    env = bench._base_env()
+    assert not {
+        "HORA_RANK",
+        "HOROVOD_SIZE",
+        "HORA_SECRET_KEY",
+        "RANK",
+        "MASTER_PORT",
+        "OMPI_COMM_WORLD_RANK",
+    } & set(env)
+    assert env["HORA_CPU_BIND"] == "none" and env["HOROVOD_FUSION_THRESHOLD"] == "0"
+    assert env["OMP_NUM_THREADS"] == "1"
