@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -172,10 +173,9 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
         if nbytes < plan["engine_cost_min_bytes"]:
             continue
         x = np.zeros(nbytes // 4, dtype=np.float32)
-        name = f"bench.{nbytes}"
         api, direct = time_pair(
-            lambda x=x, name=name: hvd.allreduce(x, op=hvd.Sum, output=x, name=name),
-            lambda x=x: backend.allreduce(comm, x, "float32", SUM),
+            partial(hvd.allreduce, x, op=hvd.Sum, output=x, name=f"bench.{nbytes}"),
+            partial(backend.allreduce, comm, x, "float32", SUM),
             iters,
             warmup,
             hvd.barrier,
