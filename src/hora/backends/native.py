@@ -14,8 +14,12 @@ from hora.collectives import registry
 class NativeBackend:
     name = "TCP"
 
+    def __init__(self) -> None:
+        # one scratch area for every reduction, instead of an allocation per call
+        self._scratch = np.empty(registry.SCRATCH_BYTES, dtype=np.uint8)
+
     def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int) -> None:
-        registry.allreduce(comm, buf, dtype, op)
+        registry.allreduce(comm, buf, dtype, op, scratch=self._scratch)
 
     def allgatherv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
                    counts: list[int]) -> None:
@@ -30,7 +34,7 @@ class NativeBackend:
 
     def reducescatterv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
                        counts: list[int], dtype: str, op: int) -> None:
-        registry.reducescatterv_ring(comm, send, recv, counts, dtype, op)
+        registry.reducescatterv_ring(comm, send, recv, counts, dtype, op, scratch=self._scratch)
 
     def adasum(self, comm: SetComm, buf: np.ndarray, dtype: str,
                segments: list[tuple[int, int]]) -> None:
