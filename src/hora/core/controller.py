@@ -86,7 +86,8 @@ class Coordinator:
         """A member's requests: ``{"ps": id, "ep": epoch, "r": [...], "h": bits}``."""
         st = self.sets.get(int(msg["ps"]))
         if st is None:
-            raise ValueError(f"rank {global_rank} sent requests for unknown process set {msg['ps']}")
+            raise ValueError(f"rank {global_rank} sent requests for unknown process set "
+                             f"{msg['ps']}")
         srank = st.set_rank(global_rank)
         st.member_epoch[srank] = int(msg.get("ep", 0))
         self._purge(st)

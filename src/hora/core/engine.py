@@ -15,6 +15,7 @@ Horovod; operations still pending fail with the shutdown message.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import selectors
 import socket
@@ -128,10 +129,9 @@ class Engine:
         self._wake_w.close()
 
     def _wake(self) -> None:
-        try:
+        # BlockingIOError: a wake-up is already pending; OSError: the engine is gone
+        with contextlib.suppress(BlockingIOError, OSError):
             self._wake_w.send(b"x")
-        except (BlockingIOError, OSError):
-            pass  # a wake-up is already pending, or the engine is gone
 
     # -- the loop ---------------------------------------------------------------------------
     def _main(self) -> None:
@@ -356,10 +356,8 @@ class Engine:
     def _abort_peers(self, cause: str) -> None:
         data = encode({"t": "abort", "why": f"rank {self.rank} failed: {cause}"})
         for pair in self._ctrl.values():
-            try:
+            with contextlib.suppress(Exception):  # the peer may be the one that died
                 pair.send_msg(data)
-            except Exception:  # the peer may be the one that died
-                pass
 
     def _stall_check(self) -> None:
         s = self.settings

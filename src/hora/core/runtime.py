@@ -10,6 +10,7 @@ user threads; guarded by one lock.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -162,10 +163,8 @@ def _bind_cpus(ident: Identity, mode: str) -> None:
     per = len(avail) // ident.local_size
     cores = set(avail[ident.local_rank * per:(ident.local_rank + 1) * per])
     for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
-        try:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), cores)
-        except OSError:
-            pass  # a thread that ended meanwhile
     log.debug("local rank %d bound to cores %s", ident.local_rank, sorted(cores))
 
 

@@ -102,7 +102,8 @@ def _submit(ps_id: int, requests: list[Request], arrays: list[np.ndarray | None]
         for k in keys:
             _pending[k] = 1
     results: list[Any] = [None] * len(requests)
-    state = {"left": len(requests), "error": None}
+    left = [len(requests)]
+    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def settle(i: int, value: Any, error: BaseException | None) -> None:
@@ -110,13 +111,13 @@ def _submit(ps_id: int, requests: list[Request], arrays: list[np.ndarray | None]
             _pending.pop(keys[i], None)
         with lock:
             results[i] = value
-            if error is not None and state["error"] is None:
-                state["error"] = error
-            state["left"] -= 1
-            if state["left"]:
+            if error is not None:
+                errors.append(error)
+            left[0] -= 1
+            if left[0]:
                 return
-        if state["error"] is not None:
-            handle.set_error(state["error"])  # type: ignore[arg-type]
+        if errors:
+            handle.set_error(errors[0])
         else:
             handle.set_result(results if grouped else results[0])
 
