@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PY=${PYTHON:-python3}
 $PY -m ruff check src tests examples
+$PY -m mypy
 $PY -m pytest -q -rs "$@"

@@ -56,4 +56,10 @@ class Backend(Protocol):
 
     def barrier(self, comm: SetComm) -> None: ...
 
+    def add_process_set(self, ps_id: int, ranks: list[int]) -> None:
+        """Called on EVERY rank (members or not) when a set is registered, in the same order
+        everywhere, before any collective on it; ``remove_process_set`` likewise."""
+
+    def remove_process_set(self, ps_id: int, ranks: list[int]) -> None: ...
+
     def close(self) -> None: ...

@@ -43,5 +43,11 @@ class NativeBackend:
     def barrier(self, comm: SetComm) -> None:
         registry.barrier(comm)
 
+    def add_process_set(self, ps_id: int, ranks: list[int]) -> None:
+        pass  # pairs connect lazily; nothing to prepare
+
+    def remove_process_set(self, ps_id: int, ranks: list[int]) -> None:
+        pass
+
     def close(self) -> None:
         pass

@@ -102,6 +102,7 @@ class Engine:
         ranks = list(range(self.size))
         if self.coordinator is not None:
             self.coordinator.add_set(0, ranks)
+        self.executor.backend.add_process_set(0, ranks)
         self._register_member(0, ranks)
 
     @property
@@ -160,6 +161,7 @@ class Engine:
                 e.fail(err)
         if self.timeline is not None:
             self.timeline.close()
+        self.executor.backend.close()
         if self.transport is not None:
             self.transport.close()
 
@@ -306,10 +308,13 @@ class Engine:
         elif op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
             spec = resp.specs[0]
             ranks = list(spec.request.ranks or ())
+            backend = self.executor.backend
             if op == OpType.ADD_PROCESS_SET:  # the coordinator registered it when deciding
+                backend.add_process_set(resp.process_set_id, ranks)
                 self._register_member(resp.process_set_id, ranks)
             else:
                 self.members.pop(resp.process_set_id, None)
+                backend.remove_process_set(resp.process_set_id, ranks)
             ms.table.pop(spec.request.match).complete(resp.process_set_id)
         else:
             spec = resp.specs[0]

@@ -16,7 +16,8 @@ import os
 import threading
 from typing import Any
 
-from hora.backends.native import NativeBackend
+from hora.backends import registry as backends
+from hora.backends.registry import BackendContext
 from hora.core.engine import Engine
 from hora.core.identity import Identity, detect
 from hora.core.process_sets import ProcessSet, global_process_set
@@ -38,7 +39,12 @@ class Runtime:
         self.timeline: Any = None
         if identity.rank == 0 and settings.timeline and settings.timeline != "DYNAMIC":
             self.timeline = _make_timeline(settings.timeline, settings.timeline_mark_cycles)
-        self.engine = Engine(identity.rank, identity.size, settings, transport, NativeBackend(),
+        ctx = BackendContext(identity.rank, identity.size, identity.local_rank,
+                             identity.local_size, identity.cross_rank, identity.cross_size,
+                             settings, self.store, transport, f"hora/{generation}")
+        self.backend_name = backends.select(settings)
+        backend = backends.create(self.backend_name, ctx)
+        self.engine = Engine(identity.rank, identity.size, settings, transport, backend,
                              self.timeline)
         self.engine.register_global_set()
         self.engine.start()

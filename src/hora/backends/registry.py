@@ -1,0 +1,62 @@
+"""Which backend executes the collectives, chosen the way Horovod chooses.
+
+``HOROVOD_CPU_OPERATIONS`` (or ``HORA_CPU_OPERATIONS``; ``hora run --gloo`` / ``--mpi`` set it)
+names the backend for CPU data: ``native`` (hora's own algorithms over its transports, the
+default), ``gloo`` (torch.distributed's Gloo) or ``mpi`` (mpi4py). ``HOROVOD_CONTROLLER`` is
+accepted as a fallback for the same choice. Optional dependencies are imported only when their
+backend is chosen, so the core never needs them. Runs in the user thread during ``init``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from hora.backends.base import Backend
+from hora.settings import Settings
+
+# name -> "module:Class"; a backend registers here and loads lazily
+BACKENDS: dict[str, str] = {
+    "native": "hora.backends.native:NativeBackend",
+}
+ALIASES = {"": "native", "tcp": "native", "hora": "native"}
+
+
+@dataclass
+class BackendContext:
+    """What a backend may need to set itself up (engine thread and init only)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    settings: Settings
+    store: Any = None  # hora.rendezvous.client.StoreClient, None in a world of one
+    transport: Any = None  # hora's own transport, None in a world of one
+    prefix: str = "hora/0"  # store key prefix of this init generation
+
+
+def select(settings: Settings) -> str:
+    raw = (settings.cpu_operations or settings.controller or "").strip().lower()
+    name = ALIASES.get(raw, raw)
+    if name not in BACKENDS:
+        known = ", ".join(sorted(BACKENDS))
+        raise ValueError(f"HOROVOD_CPU_OPERATIONS/HOROVOD_CONTROLLER={raw!r}: unsupported "
+                         f"backend (this build of hora has: {known})")
+    return name
+
+
+def create(name: str, ctx: BackendContext) -> Backend:
+    module, cls = BACKENDS[name].split(":")
+    backend_cls = getattr(importlib.import_module(module), cls)
+    backend: Backend = backend_cls(ctx) if _takes_context(backend_cls) else backend_cls()
+    return backend
+
+
+def _takes_context(cls: type) -> bool:
+    import inspect
+
+    return len(inspect.signature(cls).parameters) >= 1
