@@ -169,7 +169,7 @@ def test_timeline_records_negotiation_and_phases(tmp_path) -> None:  # type: ign
         events = json.load(f)
     names = {e.get("name") for e in events}
     for expected in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "NEGOTIATE_ALLGATHER", "ALLGATHER",
-                     "BROADCAST", "TCP_ALLREDUCE"):
+                     "BROADCAST", "TCP_ALLREDUCE", "QUEUE", "0", "1"):
         assert expected in names, (expected, sorted(n for n in names if n))
     tensors = {e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "process_name" and e.get("pid")}

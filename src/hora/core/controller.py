@@ -72,6 +72,8 @@ class Coordinator:
         self.cache_capacity = cache_capacity
         self.sets: dict[int, SetState] = {}
         self._next_set_id = 1
+        # called as on_ready(tensor_name, global_rank) when a rank's request arrives
+        self.on_ready: Any = None
         self._last_stall_log = time.monotonic()
 
     # -- registration -----------------------------------------------------------------------
@@ -120,6 +122,8 @@ class Coordinator:
         if pend is None:
             pend = st.table[req.match] = _Pending()
         pend.requests[srank] = req
+        if self.on_ready is not None:
+            self.on_ready(req.name, st.ranks[srank])
         self._maybe_ready(st, req.match)
 
     def _maybe_ready(self, st: SetState, name: str) -> None:

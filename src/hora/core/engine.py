@@ -68,6 +68,8 @@ class Engine:
         self.executor = Executor(backend, timeline)
         self.coordinator = (Coordinator(settings.fusion_threshold, settings.cache_capacity)
                             if rank == 0 else None)
+        if self.coordinator is not None:
+            self.coordinator.on_ready = self._mark_ready
         self.members: dict[int, MemberState] = {}
         self._lock = threading.Lock()
         self._queue: list[tuple[int, list[TensorEntry]]] = []
@@ -226,6 +228,10 @@ class Engine:
         else:
             raise ValueError(f"unexpected control message {kind!r} from rank {peer}")
 
+    def _mark_ready(self, name: str, rank: int) -> None:
+        if self.timeline is not None:
+            self.timeline.negotiate_rank_ready(name, rank)
+
     def _on_requests(self, peer: int, msg: dict[str, Any]) -> None:
         assert self.coordinator is not None
         self.coordinator.on_message(peer, msg)
@@ -270,6 +276,13 @@ class Engine:
                 continue  # a set this rank is not in (cannot happen: sent to members only)
             responses = decode_responses(wire, ms.cache)
             ms.epoch += 1
+            tl = self.timeline
+            if tl is not None:  # negotiation is over; each tensor now waits its turn
+                for resp in responses:
+                    for s in resp.specs:
+                        tl.negotiate_end(s.request.name)
+                        tl.start(s.request.name, resp.op.name)
+                        tl.activity_start(s.request.name, "QUEUE")
             for resp in responses:
                 self._perform(ms, resp)
 
@@ -283,8 +296,7 @@ class Engine:
         keys = [s.request.match for s in resp.specs]
         if tl is not None:
             for n in names:
-                tl.negotiate_end(n)
-                tl.start(n, op.name)
+                tl.activity_end(n)  # QUEUE
         if op == OpType.ERROR:
             for k in keys:
                 entry = ms.table.pop(k, None)
