@@ -24,15 +24,21 @@ except Exception:  # pragma: no cover - depends on the environment
 FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
+_NAMES: dict[np.dtype, str] = {np.dtype(n): n for n in DTYPES if n != "bfloat16"}
+if _BF16 is not None:
+    _NAMES[_BF16] = "bfloat16"
+
+
 def name_of(dtype: np.dtype) -> str:
     """The hora dtype name of a NumPy dtype; TypeError for anything hora does not carry."""
+    try:
+        return _NAMES[dtype]
+    except (KeyError, TypeError):
+        pass
     dtype = np.dtype(dtype)
-    if _BF16 is not None and dtype == _BF16:
-        return "bfloat16"
-    name = dtype.name
-    if name not in DTYPES:
-        raise TypeError(f"Tensor type {name} is not supported.")
-    return name
+    if dtype in _NAMES:
+        return _NAMES[dtype]
+    raise TypeError(f"Tensor type {dtype.name} is not supported.")
 
 
 def storage_dtype(name: str) -> np.dtype:
