@@ -49,12 +49,22 @@ def reference(make_opt: Callable[[Any], torch.optim.Optimizer], steps: int = 3) 
     return model
 
 
-def distributed(hvd: Any, r: int, n: int, make_opt: Callable[[Any], torch.optim.Optimizer],
-                steps: int = 3, bpps: int = 1, **kw: Any) -> torch.nn.Module:  # fmt: skip
+def distributed(
+    hvd: Any,
+    r: int,
+    n: int,
+    make_opt: Callable[[Any], torch.optim.Optimizer],
+    steps: int = 3,
+    bpps: int = 1,
+    **kw: Any,
+) -> torch.nn.Module:
     model = make_model()
-    opt = hvd.DistributedOptimizer(make_opt(model.parameters()),
-                                   named_parameters=model.named_parameters(),
-                                   backward_passes_per_step=bpps, **kw)  # fmt: skip
+    opt = hvd.DistributedOptimizer(
+        make_opt(model.parameters()),
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=bpps,
+        **kw,
+    )
     x, y = (t.chunk(n)[r] for t in data())
     for _ in range(steps):
         opt.zero_grad()
@@ -120,8 +130,9 @@ def check_adam(hvd: Any, r: int, n: int) -> None:
 def check_sparse_gradients(hvd: Any, r: int, n: int) -> None:
     def build() -> torch.nn.Module:
         torch.manual_seed(0)
-        return torch.nn.ModuleDict({"emb": torch.nn.Embedding(10, 4, sparse=True),
-                                    "out": torch.nn.Linear(4, 1)})  # fmt: skip
+        return torch.nn.ModuleDict(
+            {"emb": torch.nn.Embedding(10, 4, sparse=True), "out": torch.nn.Linear(4, 1)}
+        )
 
     ids = torch.arange(ROWS) % 7
     target = torch.linspace(-1, 1, ROWS).unsqueeze(1)
@@ -137,9 +148,11 @@ def check_sparse_gradients(hvd: Any, r: int, n: int) -> None:
         ref_opt.step()
     for dense in (False, True):
         model = build()
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
-                                       named_parameters=model.named_parameters(),
-                                       sparse_as_dense=dense)  # fmt: skip
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            named_parameters=model.named_parameters(),
+            sparse_as_dense=dense,
+        )
         for _ in range(2):
             opt.zero_grad()
             loss(model, ids.chunk(n)[r], target.chunk(n)[r]).backward()
@@ -271,8 +284,10 @@ def check_adasum(hvd: Any, r: int, n: int) -> None:
         return ((1 - dot / (2 * na)) * a.double() + (1 - dot / (2 * nb)) * b.double()).float()
 
     while len(deltas) > 1:
-        deltas = [[combine(a, b) for a, b in zip(deltas[i], deltas[i + 1])]
-                  for i in range(0, len(deltas), 2)]  # fmt: skip
+        deltas = [
+            [combine(a, b) for a, b in zip(deltas[i], deltas[i + 1])]
+            for i in range(0, len(deltas), 2)
+        ]
     for p, p0, d in zip(model.parameters(), make_model().parameters(), deltas[0]):
         torch.testing.assert_close(p.detach(), p0.detach() + d, atol=1e-5, rtol=1e-4)
 
