@@ -15,10 +15,15 @@ from hora.settings import Settings, to_env
 
 # Never exported to workers (Horovod's rules, plus the job secret under every name).
 _EXCLUDED = re.compile(r"^(BASH_FUNC_.*|OLDPWD|.*CUDA_VISIBLE_DEVICES|(HORA|HOROVOD)_SECRET_KEY)$")
-# Identity variables of the launcher's own environment (a nested launch) are replaced, not kept.
+# Identity variables of the launcher's own environment (a nested launch) are replaced, not kept;
+# so is the launcher's own MPI job (it ran under mpirun, or imported mpi4py: an MPI singleton),
+# which would make mpirun and the workers' MPI believe they belong to that job.
 _IDENTITY = re.compile(
     r"^(HORA|HOROVOD)_(RANK|SIZE|LOCAL_RANK|LOCAL_SIZE|CROSS_RANK|CROSS_SIZE|HOSTNAME|"
     r"RENDEZVOUS_ADDR|RENDEZVOUS_PORT)$|^HOROVOD_GLOO_RENDEZVOUS_(ADDR|PORT)$"
+    r"|^(PMIX_.*|PMI_.*|ORTE_.*|HYDI_.*|MPI_LOCALRANKID|MPI_LOCALNRANKS)$"
+    r"|^OMPI_(COMM_WORLD_.*|APP_CTX_.*|UNIVERSE_SIZE|FIRST_RANKS|NUM_APP_CTX|FILE_LOCATION"
+    r"|COMMAND|ARGV|MCA_ess|MCA_ess_base_.*|MCA_pmix|MCA_orte_.*)$"
 )
 
 
