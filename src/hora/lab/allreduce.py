@@ -88,6 +88,7 @@ class AllreduceBenchConfig:
     iters: int | None = None  # None: default_iters(size) per size
     backends: list[str] = field(default_factory=lambda: list(BACKENDS))
     engine_cost: bool = False
+    repeat: int = 1  # rounds over all backends; each row keeps its best round
     timeout: float = 600.0  # seconds per backend
     csv: str | None = None
     json: str | None = None
@@ -98,6 +99,8 @@ class AllreduceBenchConfig:
             raise ValueError(f"--np must be at least 2 for an allreduce benchmark, got {self.np}")
         if self.iters is not None and self.iters < 1:
             raise ValueError(f"--iters must be at least 1, got {self.iters}")
+        if self.repeat < 1:
+            raise ValueError(f"--repeat must be at least 1, got {self.repeat}")
         if self.timeout <= 0:
             raise ValueError(f"--timeout must be positive seconds, got {self.timeout}")
         if not self.sizes or not self.backends:
@@ -269,11 +272,18 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def run_backend(
-    backend: str, config: AllreduceBenchConfig, tmp: str, on_row: Callable[[report.Row], None]
+    backend: str,
+    config: AllreduceBenchConfig,
+    tmp: str,
+    on_row: Callable[[report.Row], None],
+    tag: str = "",
 ) -> list[report.Row]:
-    """Start ``config.np`` workers for ``backend``, return rank 0's rows; BackendFailed on error."""
-    out = os.path.join(tmp, f"{backend}.jsonl")
-    plan_path = os.path.join(tmp, f"{backend}.plan.json")
+    """Start ``config.np`` workers for ``backend``, return rank 0's rows; BackendFailed on error.
+
+    ``tmp`` holds the plan, results and logs, named after ``backend`` and ``tag``.
+    """
+    out = os.path.join(tmp, f"{backend}{tag}.jsonl")
+    plan_path = os.path.join(tmp, f"{backend}{tag}.plan.json")
     with open(plan_path, "w") as f:
         json.dump(config.plan(out), f)
     server = None
@@ -318,6 +328,7 @@ def run_allreduce_bench(
         "versions": {d: _version(d) for d in ("hora", "numpy", "torch", "mpi4py")},
         "dtype": "float32",
         "op": "sum, in place",
+        "repeat": config.repeat,
     }
     rows: list[report.Row] = []
     skipped: dict[str, str] = {}
@@ -331,19 +342,23 @@ def run_allreduce_bench(
         )
 
     with tempfile.TemporaryDirectory(prefix="hora-bench-") as tmp:
-        for backend in config.backends:
-            reason = unavailable(backend)
-            if reason is not None:
-                skipped[backend] = reason
-                say(f"[{backend}] skipped: {reason}")
-                continue
-            say(f"[{backend}] starting {config.np} workers")
-            try:
-                rows += run_backend(backend, config, tmp, on_row)
-            except BackendFailed as e:
-                skipped[backend] = f"failed: {e}"
-                say(f"[{backend}] failed: {e}")
-    result = BenchResult(meta, report.with_bandwidth(rows, config.np), skipped)
+        for round_ in range(1, config.repeat + 1):
+            tag = f" #{round_}" if config.repeat > 1 else ""
+            for backend in config.backends:
+                if backend in skipped:
+                    continue
+                reason = unavailable(backend)
+                if reason is not None:
+                    skipped[backend] = reason
+                    say(f"[{backend}] skipped: {reason}")
+                    continue
+                say(f"[{backend}{tag}] starting {config.np} workers")
+                try:
+                    rows += run_backend(backend, config, tmp, on_row, tag.replace(" #", "."))
+                except BackendFailed as e:
+                    skipped[backend] = f"failed: {e}"
+                    say(f"[{backend}{tag}] failed: {e}")
+    result = BenchResult(meta, report.with_bandwidth(report.best_of(rows), config.np), skipped)
     if config.csv:
         with open(config.csv, "w") as f:
             f.write(report.to_csv(result.rows))
@@ -404,6 +419,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="seconds allowed per backend (default 600)"
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds over all backends; each size keeps its best (lowest p50) round (default 1)",
+    )
     parser.add_argument("--csv", metavar="FILE", help="write the measurements as CSV")
     parser.add_argument("--json", metavar="FILE", help="write the measurements as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write a PNG of bus bandwidth")
@@ -416,6 +437,7 @@ def config_from_args(args: argparse.Namespace) -> AllreduceBenchConfig:
         iters=args.iters,
         backends=parse_backends(args.backends),
         engine_cost=args.engine_cost,
+        repeat=args.repeat,
         timeout=args.timeout,
         csv=args.csv,
         json=args.json,

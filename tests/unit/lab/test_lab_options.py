@@ -98,6 +98,7 @@ def test_options_become_a_config() -> None:
         (["--np", "1"], "--np must be at least 2"),
         (["--iters", "0"], "--iters must be at least 1"),
         (["--timeout", "0"], "--timeout must be positive"),
+        (["--repeat", "0"], "--repeat must be at least 1"),
         (["--sizes", "3"], "multiple of 4 bytes"),
     ],
 )

@@ -154,3 +154,19 @@ def test_render_lists_skipped_backends() -> None:
     assert text.startswith("allreduce float32 Sum, np=2, box (2 CPUs)")
     assert "hora/gloo" in text and "engine cost" not in text
     assert text.rstrip().endswith("skipped mpi: mpi4py is not installed")
+
+
+def test_best_of_keeps_the_fastest_round_per_measurement() -> None:
+    rounds = [
+        _row("hora", 4096, 3e-4),
+        _row("gloo", 4096, 7e-4),
+        _row("hora", 4096, 1e-4),
+        _row("hora", 4096, 2e-4, case="api"),
+        _row("gloo", 4096, 9e-4),
+    ]
+    best = report.best_of(rounds)
+    assert [(r["backend"], r["case"], r["median_s"]) for r in best] == [
+        ("hora", "allreduce", 1e-4),
+        ("gloo", "allreduce", 7e-4),
+        ("hora", "api", 2e-4),
+    ]
