@@ -3,8 +3,11 @@
 ``HOROVOD_CPU_OPERATIONS`` (or ``HORA_CPU_OPERATIONS``; ``hora run --gloo`` / ``--mpi`` set it)
 names the backend for CPU data: ``native`` (hora's own algorithms over its transports, the
 default), ``gloo`` (torch.distributed's Gloo) or ``mpi`` (mpi4py). ``HOROVOD_CONTROLLER`` is
-accepted as a fallback for the same choice. Optional dependencies are imported only when their
-backend is chosen, so the core never needs them. Runs in the user thread during ``init``.
+accepted as a fallback for the same choice. When neither names one, ``HOROVOD_GPU_OPERATIONS``
+(or ``HOROVOD_GPU_ALLREDUCE``) ``nccl`` or ``mpi`` does: the engine carries host buffers only
+(CUDA tensors are staged through host memory), so one backend runs every collective. Optional
+dependencies are imported only when their backend is chosen, so the core never needs them.
+Runs in the user thread during ``init``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from hora.settings import Settings
 # name -> "module:Class"; a backend registers here and loads lazily
 BACKENDS: dict[str, str] = {
     "native": "hora.backends.native:NativeBackend",
+    "mpi": "hora.backends.mpi:MpiBackend",
+    "gloo": "hora.backends.gloo:GlooBackend",
+    "nccl": "hora.backends.nccl:NcclBackend",
 }
 ALIASES = {"": "native", "tcp": "native", "hora": "native"}
 
@@ -37,15 +43,17 @@ class BackendContext:
     store: Any = None  # hora.rendezvous.client.StoreClient, None in a world of one
     transport: Any = None  # hora's own transport, None in a world of one
     prefix: str = "hora/0"  # store key prefix of this init generation
+    comm: Any = None  # the mpi4py communicator hora runs on, from init(comm=...) or mpirun
 
 
 def select(settings: Settings) -> str:
-    raw = (settings.cpu_operations or settings.controller or "").strip().lower()
+    chosen = settings.cpu_operations or settings.controller or settings.gpu_operations
+    raw = chosen.strip().lower()
     name = ALIASES.get(raw, raw)
     if name not in BACKENDS:
         known = ", ".join(sorted(BACKENDS))
-        raise ValueError(f"HOROVOD_CPU_OPERATIONS/HOROVOD_CONTROLLER={raw!r}: unsupported "
-                         f"backend (this build of hora has: {known})")
+        raise ValueError(f"HOROVOD_CPU_OPERATIONS/HOROVOD_CONTROLLER/HOROVOD_GPU_OPERATIONS="
+                         f"{raw!r}: unsupported backend (this build of hora has: {known})")
     return name
 
 

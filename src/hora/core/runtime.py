@@ -22,16 +22,17 @@ from hora.core.engine import Engine
 from hora.core.identity import Identity, detect
 from hora.core.process_sets import ProcessSet, global_process_set
 from hora.errors import NOT_INITIALIZED_MESSAGE
-from hora.settings import Settings, load
+from hora.settings import Settings, env_lookup, load
 
 log = logging.getLogger("hora")
 
 
 class Runtime:
-    def __init__(self, identity: Identity, settings: Settings, generation: int) -> None:
+    def __init__(self, identity: Identity, settings: Settings, generation: int,
+                 mpi_job: Any = None) -> None:
         self.identity = identity
         self.settings = settings
-        self.server: Any = None
+        self.server: Any = None if mpi_job is None else mpi_job.server
         self.store: Any = None
         transport = None
         if not identity.is_single:
@@ -41,7 +42,8 @@ class Runtime:
             self.timeline = _make_timeline(settings.timeline, settings.timeline_mark_cycles)
         ctx = BackendContext(identity.rank, identity.size, identity.local_rank,
                              identity.local_size, identity.cross_rank, identity.cross_size,
-                             settings, self.store, transport, f"hora/{generation}")
+                             settings, self.store, transport, f"hora/{generation}",
+                             None if mpi_job is None else mpi_job.comm)
         self.backend_name = backends.select(settings)
         backend = backends.create(self.backend_name, ctx)
         self.engine = Engine(identity.rank, identity.size, settings, transport, backend,
@@ -101,21 +103,19 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             return
         if _runtime is not None:  # the engine died: clean up before starting again
             shutdown()
-        if comm is not None:
-            raise ValueError(
-                "hvd.init(comm=...) needs the MPI backend, which is not available in this "
-                "build of hora yet; start the job with `hora run` and use process sets instead")
         settings = load()
         if process_sets == "dynamic":
             settings = settings.replace(dynamic_process_sets=True)
             os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
             process_sets = None
         _configure_logging(settings)
-        identity = detect()
+        identity, mpi_job = _mpi_world(comm, detect(), settings)
         _bind_cpus(identity, settings.cpu_bind)
         try:
-            _runtime = Runtime(identity, settings, _generation)
+            _runtime = Runtime(identity, settings, _generation, mpi_job)
         except Exception as e:
+            if mpi_job is not None and mpi_job.server is not None:
+                mpi_job.server.stop()
             raise ValueError(f"Horovod initialization failed: {e}") from e
         _generation += 1
         global_process_set.ranks = list(range(identity.size))
@@ -129,6 +129,21 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         from hora.frameworks.ops import register_process_set
 
         register_process_set(ps)
+
+
+def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Identity, Any]:
+    """hora's world from MPI where no `hora run` store exists: ``init(comm=...)`` (an mpi4py
+    communicator or ``COMM_WORLD`` ranks), or the MPI backend under a plain ``mpirun``. Rank 0
+    of the communicator starts the store and broadcasts its address and a fresh secret."""
+    plain_mpirun = identity.source == "mpi" and not env_lookup(os.environ, "RENDEZVOUS_ADDR")
+    if comm is None and not (plain_mpirun and backends.select(settings) == "mpi"):
+        return identity, None
+    from hora.backends.mpi import bootstrap
+
+    job = bootstrap(comm, settings.gloo_iface)
+    return Identity(job.rank, job.size, job.local_rank, job.local_size, job.cross_rank,
+                    job.cross_size, identity.hostname, job.addr, job.port, job.secret, False,
+                    "mpi"), job
 
 
 def shutdown() -> None:
