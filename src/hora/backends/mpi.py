@@ -110,29 +110,38 @@ def _as_comm(comm: Any) -> Any:
         return MPI.COMM_WORLD
     if isinstance(comm, MPI.Comm):
         if comm == MPI.COMM_NULL:
-            raise ValueError("init(comm=...): this process is not a member of the communicator "
-                             "(it is MPI.COMM_NULL here); call init only on its members")
+            raise ValueError(
+                "init(comm=...): this process is not a member of the communicator "
+                "(it is MPI.COMM_NULL here); call init only on its members"
+            )
         if not isinstance(comm, MPI.Intracomm):
             raise TypeError("init(comm=...) needs an intracommunicator, got an intercommunicator")
         return comm
     if isinstance(comm, (list, tuple, range)):
         world = MPI.COMM_WORLD
         ranks = [int(r) for r in comm]
-        if not ranks or len(set(ranks)) != len(ranks) or not all(
-            0 <= r < world.Get_size() for r in ranks
+        if (
+            not ranks
+            or len(set(ranks)) != len(ranks)
+            or not all(0 <= r < world.Get_size() for r in ranks)
         ):
-            raise ValueError(f"init(comm={list(comm)}): expected distinct ranks of "
-                             f"MPI.COMM_WORLD in [0, {world.Get_size()})")
+            raise ValueError(
+                f"init(comm={list(comm)}): expected distinct ranks of "
+                f"MPI.COMM_WORLD in [0, {world.Get_size()})"
+            )
         if world.Get_rank() not in ranks:
-            raise ValueError(f"init(comm={ranks}): rank {world.Get_rank()} of MPI.COMM_WORLD is "
-                             "not in the list; call init only on the listed ranks")
+            raise ValueError(
+                f"init(comm={ranks}): rank {world.Get_rank()} of MPI.COMM_WORLD is "
+                "not in the list; call init only on the listed ranks"
+            )
         group = world.Get_group().Incl(ranks)
         try:
             return world.Create_group(group)
         finally:
             group.Free()
-    raise TypeError(f"init(comm=...) takes an mpi4py communicator or a list of ranks, "
-                    f"got {type(comm).__name__}")
+    raise TypeError(
+        f"init(comm=...) takes an mpi4py communicator or a list of ranks, got {type(comm).__name__}"
+    )
 
 
 class MpiBackend:
@@ -140,16 +149,19 @@ class MpiBackend:
 
     def __init__(self, ctx: BackendContext) -> None:
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
-            raise ValueError("the MPI backend calls MPI from hora's engine thread, which needs "
-                             "MPI_THREAD_SERIALIZED or better; MPI was initialised with less. "
-                             "Let mpi4py initialise MPI (mpi4py.rc.thread_level = 'multiple')")
+            raise ValueError(
+                "the MPI backend calls MPI from hora's engine thread, which needs "
+                "MPI_THREAD_SERIALIZED or better; MPI was initialised with less. "
+                "Let mpi4py initialise MPI (mpi4py.rc.thread_level = 'multiple')"
+            )
         self._world = ctx.comm if ctx.comm is not None else MPI.COMM_WORLD.Dup()
         if (self._world.Get_size(), self._world.Get_rank()) != (ctx.size, ctx.rank):
             size = self._world.Get_size()
             self._world.Free()
             raise ValueError(
                 f"the MPI backend needs the job started by MPI: hora has {ctx.size} ranks but "
-                f"MPI's world has {size}. Start it with `hora run --mpi` or `mpirun`")
+                f"MPI's world has {size}. Start it with `hora run --mpi` or `mpirun`"
+            )
         self._rank = ctx.rank
         self._comms: dict[int, Any] = {}
         self._user_ops: dict[tuple[int, str], Any] = {}
@@ -263,5 +275,7 @@ def _displs(counts: Sequence[int]) -> list[int]:
 
 def _check_count(n: int) -> None:
     if n > _MAX_COUNT:
-        raise ValueError(f"the MPI backend moves at most {_MAX_COUNT} elements per call, got "
-                         f"{n}; split the tensor or use the native backend")
+        raise ValueError(
+            f"the MPI backend moves at most {_MAX_COUNT} elements per call, got "
+            f"{n}; split the tensor or use the native backend"
+        )

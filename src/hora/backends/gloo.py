@@ -1,0 +1,211 @@
+"""The Gloo backend: the engine's collectives through torch.distributed's Gloo process groups.
+
+hora still negotiates over its own control plane; only the data of each negotiated collective
+moves through Gloo. Each process set gets its own ``ProcessGroupGloo``, made by the set's
+members when the engine registers the set. Gloo meets its peers through hora's own
+(authenticated) rendezvous store, adapted as a ``torch.distributed.Store``: there is no second
+rendezvous to configure, and torch's default process group is left alone for the user.
+
+Buffers are shared with torch tensors, never copied: bfloat16 storage is viewed as
+``torch.bfloat16``; bool reduces as uint8 with MAX (or) and MIN (and). Gloo cannot reduce
+int16 or uint16, and Adasum is not a Gloo collective: those run hora's own algorithms over
+hora's transport. Data that is only moved (gathers, broadcasts, all-to-all) travels as bytes.
+Gloo gathers equal pieces only, so an uneven allgather pads every piece to the largest.
+
+Threads: the constructor and the global set's registration run in the user thread during
+``init``; every other method runs on the engine thread only. Gloo's own threads do the work
+while the engine thread waits. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from hora.backends.base import SetComm
+from hora.backends.registry import BackendContext
+from hora.collectives import registry
+from hora.collectives.reduce_ops import MAX, MIN, PRODUCT, SUM
+
+log = logging.getLogger("hora.backends.gloo")
+
+_TORCH_TYPES: dict[str, torch.dtype] = {
+    "uint8": torch.uint8, "int8": torch.int8, "int32": torch.int32, "int64": torch.int64,
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+    "float64": torch.float64, "bool": torch.uint8,
+}  # fmt: skip
+_OPS: dict[int, Any] = {SUM: dist.ReduceOp.SUM, MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX,
+        PRODUCT: dist.ReduceOp.PRODUCT}  # fmt: skip
+_BOOL_OPS: dict[int, Any] = {SUM: dist.ReduceOp.MAX, MAX: dist.ReduceOp.MAX, MIN: dist.ReduceOp.MIN,
+             PRODUCT: dist.ReduceOp.MIN}  # fmt: skip
+
+
+class StoreAdapter(dist.Store):
+    """hora's rendezvous store seen by torch.distributed, under a key prefix.
+
+    Called by torch during process-group creation, in the thread that creates the group.
+    """
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        super().__init__()
+        self._client, self._prefix = client, prefix
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._client.set(self._prefix + key, value.encode() if isinstance(value, str) else value)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._client.get(self._prefix + key))
+
+    def add(self, key: str, delta: int) -> int:
+        return int(self._client.add(self._prefix + key, delta))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._client.check([self._prefix + k for k in keys]))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        seconds = None if timeout is None else timeout.total_seconds()
+        self._client.wait([self._prefix + k for k in keys], seconds)
+
+
+class GlooBackend:
+    name = "GLOO"
+
+    def __init__(self, ctx: BackendContext) -> None:
+        if not dist.is_available() or not dist.is_gloo_available():
+            raise ValueError(
+                "the Gloo backend needs torch.distributed with Gloo; this PyTorch "
+                "build has none (install the official wheel: pip install "
+                "'hora[torch]'), or choose HOROVOD_CPU_OPERATIONS=native"
+            )
+        self._rank = ctx.rank
+        self._client, self._prefix = ctx.store, ctx.prefix
+        self._host = "127.0.0.1"
+        if ctx.store is not None:
+            from hora.transport.tcp.transport import advertise_address
+
+            self._host = advertise_address(ctx.settings.gloo_iface, ctx.store.host)
+        self._timeout = timedelta(seconds=ctx.settings.gloo_timeout_seconds)
+        self._groups: dict[int, Any] = {}
+        self._registered = 0  # sets registered so far: the same count on every rank
+
+    # -- process sets -----------------------------------------------------------------------
+    def add_process_set(self, ps_id: int, ranks: list[int]) -> None:
+        self._registered += 1
+        if self._rank not in ranks:
+            return
+        key = f"{self._prefix}/{self.name.lower()}/{self._registered}/"
+        store = StoreAdapter(self._client, key) if self._client is not None else dist.HashStore()
+        self._groups[ps_id] = self._make_group(store, ranks.index(self._rank), len(ranks))
+        log.debug("%s group for process set %d (ranks %s) ready", self.name, ps_id, ranks)
+
+    def _make_group(self, store: Any, rank: int, size: int) -> Any:
+        # the options torch.distributed itself builds (the only way to name the device)
+        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self._host)]
+        opts._timeout = self._timeout
+        return dist.ProcessGroupGloo(store, rank, size, opts)
+
+    def remove_process_set(self, ps_id: int, ranks: list[int]) -> None:
+        self._groups.pop(ps_id, None)
+
+    def close(self) -> None:
+        self._groups.clear()
+
+    # -- collectives ------------------------------------------------------------------------
+    def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int) -> None:
+        if dtype not in _TORCH_TYPES:  # int16, uint16
+            registry.allreduce(comm, buf, dtype, op)
+            return
+        if buf.size == 0:
+            return
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = (_BOOL_OPS if dtype == "bool" else _OPS)[op]
+        t = self._tensor(buf, dtype)
+        self._group(comm).allreduce([t], opts).wait()
+        self._done(t, buf)
+
+    def reducescatterv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
+                       counts: list[int], dtype: str, op: int) -> None:  # fmt: skip
+        if dtype not in _TORCH_TYPES:
+            registry.reducescatterv_ring(comm, send, recv, counts, dtype, op)
+            return
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = (_BOOL_OPS if dtype == "bool" else _OPS)[op]
+        src = self._tensor(send, dtype)
+        pieces, off = [], 0
+        for c in counts:
+            pieces.append(src[off : off + c])
+            off += c
+        out = self._tensor(recv, dtype)
+        self._group(comm).reduce_scatter([out], [pieces], opts).wait()
+        self._done(out, recv)
+
+    def allgatherv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
+                   counts: list[int]) -> None:  # fmt: skip
+        width = max(counts)
+        if width == 0:
+            return
+        if all(c == width for c in counts):
+            out = self._bytes(recv)
+            self._group(comm)._allgather_base(out, self._bytes(send)).wait()
+            self._done(out, recv)
+            return
+        padded = np.zeros(width, dtype=send.dtype)
+        padded[: send.size] = send
+        every = np.empty(width * len(counts), dtype=send.dtype)
+        out = self._bytes(every)
+        self._group(comm)._allgather_base(out, self._bytes(padded)).wait()
+        self._done(out, every)
+        off = 0
+        for r, c in enumerate(counts):
+            recv[off : off + c] = every[r * width : r * width + c]
+            off += c
+
+    def broadcast(self, comm: SetComm, buf: np.ndarray, root: int) -> None:
+        if buf.size == 0:
+            return
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        t = self._bytes(buf)
+        self._group(comm).broadcast([t], opts).wait()
+        self._done(t, buf)
+
+    def alltoallv(self, comm: SetComm, send: np.ndarray, send_counts: list[int],
+                  recv: np.ndarray, recv_counts: list[int]) -> None:  # fmt: skip
+        k = send.itemsize
+        out = self._bytes(recv)
+        self._group(comm).alltoall_base(
+            out, self._bytes(send), [c * k for c in recv_counts], [c * k for c in send_counts],
+            dist.AllToAllOptions(),
+        ).wait()  # fmt: skip
+        self._done(out, recv)
+
+    def adasum(self, comm: SetComm, buf: np.ndarray, dtype: str,
+               segments: list[tuple[int, int]]) -> None:  # fmt: skip
+        registry.adasum(comm, buf, dtype, segments)  # hora's algorithm over hora's transport
+
+    def barrier(self, comm: SetComm) -> None:
+        self._group(comm).barrier().wait()
+
+    # -- buffers: shared with torch here; the NCCL backend copies them to its GPU -----------
+    def _group(self, comm: SetComm) -> Any:
+        return self._groups[comm.process_set_id]
+
+    def _tensor(self, buf: np.ndarray, dtype: str) -> torch.Tensor:
+        """``buf`` as a tensor of ``dtype``'s torch type, sharing its memory."""
+        arr = buf if buf.flags.writeable else buf.copy()  # torch wants writable memory
+        if dtype == "bfloat16":
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr.view(np.uint8) if dtype == "bool" else arr)
+
+    def _bytes(self, buf: np.ndarray) -> torch.Tensor:
+        arr = buf if buf.flags.writeable else buf.copy()
+        return torch.from_numpy(arr.view(np.uint8))
+
+    def _done(self, t: torch.Tensor, buf: np.ndarray) -> None:
+        """The collective wrote ``t``; make ``buf`` hold the result (shared: nothing to do)."""
