@@ -111,6 +111,19 @@ def check_groups(hvd: Any, r: int, n: int) -> None:
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
 
 
+def check_add_param_group(hvd: Any, r: int, n: int) -> None:
+    model = make_model()
+    first, second = model[0], model[2]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(first.parameters(), lr=0.1, momentum=0.9))
+    opt.add_param_group({"params": list(second.parameters())})
+    x, y = (t.chunk(n)[r] for t in data())
+    for _ in range(3):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    same_params(model, reference(sgd))
+
+
 def check_predivide_and_sum(hvd: Any, r: int, n: int) -> None:
     same_params(distributed(hvd, r, n, sgd, gradient_predivide_factor=2.0), reference(sgd))
 

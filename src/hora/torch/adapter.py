@@ -78,31 +78,25 @@ def stage(tensor: torch.Tensor, what: str = "tensor") -> Staged:
     return Staged(tensor, host.numpy(), None, copied)
 
 
-def to_tensor(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """Wrap a result array as a tensor with ``like``'s dtype and device (no copy on CPU)."""
+def _host_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """``array`` as a CPU tensor of ``dtype``, sharing its memory where the dtypes allow."""
     if not array.flags.writeable:
         array = array.copy()
-    if like.dtype == torch.bfloat16:
-        out = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    else:
-        out = torch.from_numpy(array)
-    if out.dtype != like.dtype:
-        out = out.to(like.dtype)
-    if like.device.type != "cpu":
-        out = out.to(like.device)
-    return out
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    out = torch.from_numpy(array)
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def to_tensor(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """Wrap a result array as a tensor with ``like``'s dtype and device (no copy on CPU)."""
+    out = _host_tensor(array, like.dtype)
+    return out if like.device.type == "cpu" else out.to(like.device)
 
 
 def write_back(staged: Staged, result: np.ndarray) -> torch.Tensor:
     """Finish an in-place op: the user's tensor, holding ``result``."""
     if staged.copied or not np.may_share_memory(result, staged.array):
-        staged.tensor.data.copy_(to_tensor(result, staged.tensor).view(staged.tensor.shape))
+        target = staged.tensor.data
+        target.copy_(_host_tensor(result, target.dtype).view(target.shape))
     return staged.tensor
-
-
-def wire_name(dtype: torch.dtype) -> str:
-    """The hora dtype name a torch dtype travels as; TypeError if it cannot travel."""
-    try:
-        return _WIRE_NAMES[dtype]
-    except KeyError:
-        raise TypeError(f"Tensor type {dtype} is not supported.") from None

@@ -128,10 +128,26 @@ class _DistributedOptimizer(OptimizerWrapper):
         self._should_synchronize = True
         self._hooked = self.process_set.included()
         self.set_backward_passes_per_step(backward_passes_per_step)
+        self._register_hooks(self._params)
+
+    def _register_hooks(self, params: list[torch.Tensor]) -> None:
         if self._hooked:
             ref = weakref.ref(self)
-            for p in self._params:
+            for p in params:
                 p.register_post_accumulate_grad_hook(lambda param, ref=ref: _hook(ref, param))
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group to the wrapped optimizer; its parameters are reduced like the others
+        (named ``noname.<group>.<index>`` unless ``named_parameters`` named them)."""
+        super().add_param_group(param_group)
+        g = len(self.param_groups) - 1
+        group = self.param_groups[g]["params"]
+        for i, p in enumerate(group):
+            self._names.setdefault(p, f"noname.{g}.{i}")
+        new = [p for p in group if p.requires_grad]
+        self._params += new
+        self._delay.update({p: self.backward_passes_per_step for p in new})
+        self._register_hooks(new)
 
     # -- construction helpers -----------------------------------------------------------------
     def _name_parameters(
