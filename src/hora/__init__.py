@@ -138,28 +138,57 @@ def _importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def _backend() -> str | None:
+    """The running job's backend (``native``, ``mpi``, ``gloo``, ``nccl``), None before init."""
+    return _rt.runtime().backend_name if _rt.is_initialized() else None
+
+
 def mpi_built() -> bool:
     return _importable("mpi4py")
 
 
 def mpi_enabled() -> bool:
-    return False
+    """True while this job runs its collectives through MPI (``hora run --mpi``, ...)."""
+    return _backend() == "mpi"
 
 
 def mpi_threads_supported() -> bool:
-    raise ValueError("MPI is not enabled in this hora job (the native backend is in use)")
+    """Whether MPI runs in ``MPI_THREAD_MULTIPLE``, so that other threads may call MPI too."""
+    if not mpi_enabled():
+        raise ValueError(
+            "MPI is not enabled in this hora job: start it with `hora run --mpi` (or "
+            "HOROVOD_CPU_OPERATIONS=mpi under mpirun) and call hvd.init() first"
+        )
+    from mpi4py import MPI
+
+    return bool(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
 
 
 def gloo_built() -> bool:
-    return _importable("torch")
+    """Whether PyTorch with torch.distributed's Gloo is installed (the Gloo backend needs it)."""
+    if not _importable("torch"):
+        return False
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_gloo_available())
 
 
 def gloo_enabled() -> bool:
-    return False
+    """True while this job runs its collectives through Gloo (``hora run --gloo``, ...)."""
+    return _backend() == "gloo"
 
 
 def nccl_built() -> int:
-    return 0
+    """NCCL's version code (``2.18.5`` -> 21805) when PyTorch has CUDA and NCCL, else 0."""
+    if not cuda_built():
+        return 0
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_nccl_available():
+        return 0
+    major, minor, patch = torch.cuda.nccl.version()[:3]
+    return int(major) * 10000 + int(minor) * 100 + int(patch)
 
 
 def ddl_built() -> bool:
@@ -171,11 +200,21 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """Whether the installed PyTorch is a CUDA build (hora stages CUDA tensors through host)."""
+    if not _importable("torch"):
+        return False
+    import torch
+
+    return torch.version.cuda is not None
 
 
 def rocm_built() -> bool:
-    return False
+    """Whether the installed PyTorch is a ROCm build."""
+    if not _importable("torch"):
+        return False
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
 
 
 def run(*args, **kwargs):  # type: ignore[no-untyped-def]
