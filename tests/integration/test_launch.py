@@ -72,8 +72,10 @@ def test_failed_rank_is_named_and_the_others_are_stopped(tmp_path) -> None:
     assert time.monotonic() - started < 30  # not the workers' 60 s sleep
 
 
+@pytest.mark.parametrize(("sig", "word"), [(signal.SIGTERM, "terminated"),
+                                           (signal.SIGINT, "interrupted")])  # fmt: skip
 @pytest.mark.timeout(60)
-def test_sigterm_to_the_launcher_stops_every_worker(tmp_path) -> None:
+def test_signal_to_the_launcher_stops_every_worker(tmp_path, sig, word) -> None:
     worker = _script(
         tmp_path,
         """
@@ -88,10 +90,10 @@ def test_sigterm_to_the_launcher_stops_every_worker(tmp_path) -> None:
     lines = [launcher.stdout.readline() for _ in range(3)]
     pids = _pids("".join(lines))
     assert len(pids) == 3 and all(_alive(p) for p in pids)
-    launcher.send_signal(signal.SIGTERM)
+    launcher.send_signal(sig)
     out, err = launcher.communicate(timeout=30)
-    assert launcher.returncode != 0
-    assert "terminated" in err
+    assert launcher.returncode == 128 + sig
+    assert word in err
     assert _wait_gone(pids, 3.0) == []
 
 

@@ -31,6 +31,7 @@ log = logging.getLogger("hora.launch")
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("hora.launch.cli", "start a job on this host or many (horovodrun's flags)"),
     "check": ("hora.launch.check", "show frameworks, backends, transports and GPUs found here"),
+    "bench": ("hora.lab", "benchmarks: allreduce, scaling (the scaling lab), report"),
 }
 
 # Flags accepted for compatibility that hora does not act on yet: flag -> what hora says.
