@@ -1,0 +1,49 @@
+"""Every knob once: HORA_* over HOROVOD_*, types, errors, export to workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from hora import settings
+
+
+def test_hora_names_win_over_horovod_names() -> None:
+    s = settings.load({"HOROVOD_FUSION_THRESHOLD": "1", "HORA_FUSION_THRESHOLD": "2",
+                       "HOROVOD_CYCLE_TIME": "3.5", "HOROVOD_TIMELINE": "t.json"})
+    assert (s.fusion_threshold, s.cycle_time_ms, s.timeline) == (2, 3.5, "t.json")
+    assert s.explicit == {"fusion_threshold", "cycle_time_ms", "timeline"}
+
+
+def test_defaults_are_horovods() -> None:
+    s = settings.load({})
+    assert s.fusion_threshold == 128 << 20 and s.cycle_time_ms == 1.0
+    assert s.cache_capacity == 1024 and s.stall_check_time_seconds == 60
+    assert s.stall_shutdown_time_seconds == 0 and not s.explicit
+
+
+def test_bad_values_say_which_variable() -> None:
+    with pytest.raises(ValueError, match="HORA_CACHE_CAPACITY"):
+        settings.load({"HOROVOD_CACHE_CAPACITY": "lots"})
+    with pytest.raises(ValueError, match="HORA_HIERARCHICAL_ALLREDUCE"):
+        settings.load({"HOROVOD_HIERARCHICAL_ALLREDUCE": "maybe"})
+
+
+def test_gpu_allreduce_selects_gpu_operations() -> None:
+    assert settings.load({"HOROVOD_GPU_ALLREDUCE": "NCCL"}).gpu_operations == "NCCL"
+
+
+def test_to_env_round_trips() -> None:
+    s = settings.load({"HORA_FUSION_THRESHOLD": "7", "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    env = settings.to_env(s)
+    assert env["HOROVOD_FUSION_THRESHOLD"] == "7" and env["HORA_TIMELINE_MARK_CYCLES"] == "1"
+    again = settings.load(env)
+    assert again.fusion_threshold == 7 and again.timeline_mark_cycles is True
+
+
+def test_settings_fields_and_knobs_agree() -> None:
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(settings.Settings)} - {"explicit"}
+    assert fields == {k.field for k in settings.KNOBS}
+    for k in settings.KNOBS:
+        assert getattr(settings.Settings(), k.field) == k.default, k.field
