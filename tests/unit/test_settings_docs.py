@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import argparse
+from pathlib import Path
 
 from hora.launch import cli
 from hora.settings import KNOBS
