@@ -41,13 +41,14 @@ from hora.torch.mpi_ops import (
 from hora.torch.wrapper import OptimizerWrapper
 
 _TOO_MANY_PASSES = (
-    "Gradients were computed more than backward_passes_per_step={n} times before step(): call "
-    "optimizer.step() (or synchronize()) after every {n} backward passes, or raise "
-    "backward_passes_per_step to accumulate more passes locally."
+    "a gradient was computed more often than backward_passes_per_step={n} allows before step(): "
+    "call optimizer.step() (or synchronize()) after every {n} backward passes, or raise "
+    "backward_passes_per_step to accumulate more passes locally"
 )
 _ZERO_GRAD_PENDING = (
-    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
-    "optimizer.synchronize(), while gradient reductions are pending; this would race with them."
+    "zero_grad() while gradient reductions are pending (loss.backward() ran but neither "
+    "optimizer.step() nor optimizer.synchronize() has since): the reductions are writing those "
+    "gradients; call step() or synchronize() first"
 )
 
 
@@ -162,21 +163,21 @@ class _DistributedOptimizer(OptimizerWrapper):
         named = list(named_parameters)
         if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
             raise ValueError(
-                "named_parameters should be a sequence of (name, parameter) "
-                "tuples, usually produced by model.named_parameters()"
+                "named_parameters must hold (name, parameter) tuples, as "
+                "model.named_parameters() yields"
             )
         dups = sorted(n for n, c in Counter(n for n, _ in named).items() if c > 1)
         if dups:
             raise ValueError(
-                "Parameter names in named_parameters must be unique. Found "
-                f"duplicates: {', '.join(map(str, dups))}"
+                "parameter names in named_parameters must be unique; used more than once: "
+                + ", ".join(map(str, dups))
             )
         named_ids = {id(p) for _, p in named}
         unnamed = [id(p) for g in self.param_groups for p in g["params"] if id(p) not in named_ids]
         if unnamed:
             raise ValueError(
-                "named_parameters was specified, but one or more model parameters "
-                f"were not named. Python object ids: {unnamed}"
+                f"named_parameters leaves {len(unnamed)} of the optimizer's parameters not "
+                f"named (Python ids {unnamed}); pass the whole model's named_parameters()"
             )
         return {p: str(n) for n, p in named}
 
