@@ -19,6 +19,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "hora.lab.allreduce",
         "allreduce latency and bus bandwidth of hora beside torch Gloo and Open MPI",
     ),
+    "scaling": (
+        "hora.lab.scaling",
+        "training step time, throughput and speedup per backend, process count and server count",
+    ),
+    "report": ("hora.lab.bench_report", "render saved scaling results again, or compare two"),
 }
 
 
