@@ -1,0 +1,356 @@
+"""Scaling-lab results: the numbers derived from raw step times, the lab's tables, files, and
+``hora bench report DIR [DIR2]``.
+
+A row is one configuration (model x backend x servers x processes per server) as
+:func:`summarize` makes it from every rank's phase times; :func:`derive` adds the speedup over
+one process of the same model and backend (throughput ratio) and the scaling efficiency
+(speedup / processes). The tables are ``(headers, body)`` pairs rendered as aligned text for the
+terminal (:func:`hora.lab.report.format_table`) or as Markdown. :func:`save` writes a result
+folder (``results.json``, ``results.csv``, ``tables.md``, PNG plots), :func:`load` reads it
+back, and :func:`compare_table` puts two results side by side with their throughput ratios.
+
+Pure functions apart from file I/O; thread-safe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hora.lab import envreport, report
+
+Row = dict[str, Any]
+Table = tuple[list[str], list[list[str]]]
+RESULTS = "results.json"
+CSV_COLUMNS = [
+    "model", "backend", "servers", "per_server", "np", "hosts", "batch_size", "steps", "warmup",
+    "step_mean_s", "step_std_s", "step_p50_s", "step_p90_s", "data_s", "compute_s", "wait_s",
+    "update_s", "comm_share", "throughput", "speedup", "efficiency", "params", "grad_bytes",
+    "wall_s",
+]  # fmt: skip
+PHASES = ("data", "compute", "wait", "update")
+
+
+@dataclass
+class ScalingResult:
+    """Everything one ``hora bench scaling`` run produced (what ``results.json`` holds)."""
+
+    meta: dict[str, Any]
+    environment: list[dict[str, str]]  # one envreport.collect() per server
+    rows: list[Row]
+    skipped: dict[str, str] = field(default_factory=dict)  # backend -> why it did not run
+    failed: list[dict[str, Any]] = field(default_factory=list)  # configurations that failed
+
+    def models(self) -> list[str]:
+        return list(dict.fromkeys(r["model"] for r in self.rows))
+
+
+def summarize(ranks: Sequence[dict[str, Any]], config: dict[str, Any]) -> Row:
+    """One configuration's row from every rank's :func:`hora.lab.train_worker.train` result.
+
+    A step lasts as long as its slowest rank; throughput is ``np * batch / mean step time``;
+    phase times are means over ranks and steps; ``comm_share`` is wait / step.
+    """
+    if not ranks or any(len(r["compute_s"]) != len(ranks[0]["compute_s"]) for r in ranks):
+        raise ValueError("every rank must report the same number of steps")
+    per_rank = [[sum(ph) for ph in zip(*(r[f"{p}_s"] for p in PHASES))] for r in ranks]
+    steps = [max(times) for times in zip(*per_rank)]
+    phase = {f"{p}_s": statistics.fmean(v for r in ranks for v in r[f"{p}_s"]) for p in PHASES}
+    mean = statistics.fmean(steps)
+    quantiles = statistics.quantiles(steps, n=10, method="inclusive") if len(steps) > 1 else []
+    np_ = len(ranks)
+    return {
+        **config,
+        "np": np_,
+        "step_times_s": steps,
+        "step_mean_s": mean,
+        "step_std_s": statistics.stdev(steps) if len(steps) > 1 else 0.0,
+        "step_p50_s": statistics.median(steps),
+        "step_p90_s": quantiles[-1] if quantiles else steps[0],
+        **phase,
+        "comm_share": phase["wait_s"] / sum(phase.values()),
+        "throughput": np_ * config["batch_size"] / mean,
+        "params": ranks[0]["params"],
+        "grad_bytes": ranks[0]["grad_bytes"],
+        "backend_used": ranks[0]["backend"],
+    }
+
+
+def derive(rows: Sequence[Row]) -> list[Row]:
+    """Copies with ``speedup`` (throughput over one process, same model and backend) and
+    ``efficiency`` (speedup / np); both None when that backend has no one-process run."""
+    base = {(r["model"], r["backend"]): r["throughput"] for r in rows if r["np"] == 1}
+    out = []
+    for r in rows:
+        b = base.get((r["model"], r["backend"]))
+        speedup = r["throughput"] / b if b else None
+        out.append({**r, "speedup": speedup, "efficiency": speedup / r["np"] if speedup else None})
+    return out
+
+
+def _ratio(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _step(r: Row) -> str:
+    return f"{r['step_mean_s'] * 1e3:.1f} ± {r['step_std_s'] * 1e3:.1f}"
+
+
+LAB_HEADERS = [
+    "backend", "servers", "processes/server", "avg step time (ms)",
+    "avg throughput (samples/s)", "speedup", "efficiency", "comm wait",
+]  # fmt: skip
+
+
+def _lab_row(r: Row) -> list[str]:
+    return [
+        r["backend"],
+        str(r["servers"]),
+        str(r["per_server"]),
+        _step(r),
+        f"{r['throughput']:.1f}",
+        _ratio(r["speedup"]),
+        _percent(r["efficiency"]),
+        _percent(r["comm_share"]),
+    ]
+
+
+def _order(rows: Sequence[Row], backends: Sequence[str]) -> list[Row]:
+    rank = {b: i for i, b in enumerate(backends)}
+    return sorted(rows, key=lambda r: (rank.get(r["backend"], 99), r["servers"], r["per_server"]))
+
+
+def intra_table(rows: Sequence[Row], model: str, backends: Sequence[str] = ()) -> Table:
+    """Speedup inside one server: every one-server configuration of ``model``."""
+    mine = [r for r in derive(rows) if r["model"] == model and r["servers"] == 1]
+    return LAB_HEADERS, [_lab_row(r) for r in _order(mine, backends)]
+
+
+def inter_table(rows: Sequence[Row], model: str, backends: Sequence[str] = ()) -> Table:
+    """Speedup across servers: for each processes-per-server count used on several servers,
+    its runs from one server up."""
+    mine = [r for r in derive(rows) if r["model"] == model]
+    spread = {r["per_server"] for r in mine if r["servers"] > 1}
+    chosen = [r for r in mine if r["per_server"] in spread]
+    rank = {b: i for i, b in enumerate(backends)}
+    chosen.sort(key=lambda r: (rank.get(r["backend"], 99), r["per_server"], r["servers"]))
+    return LAB_HEADERS, [_lab_row(r) for r in chosen]
+
+
+def model_table(rows: Sequence[Row], backends: Sequence[str] = ()) -> Table:
+    """Compute against communication per model, at each model's largest process count."""
+    derived = derive(rows)
+    headers = [
+        "model", "parameters (M)", "gradients (MB)", "backend", "processes", "compute (ms)",
+        "comm wait (ms)", "data (ms)", "comm wait share", "speedup", "efficiency",
+    ]  # fmt: skip
+    body = []
+    for model in dict.fromkeys(r["model"] for r in derived):
+        mine = [r for r in derived if r["model"] == model]
+        top = max(r["np"] for r in mine)
+        for r in _order([r for r in mine if r["np"] == top], backends):
+            body.append([
+                model, f"{r['params'] / 1e6:.2f}", f"{r['grad_bytes'] / 1e6:.1f}", r["backend"],
+                str(r["np"]), f"{(r['compute_s'] + r['update_s']) * 1e3:.1f}",
+                f"{r['wait_s'] * 1e3:.1f}", f"{r['data_s'] * 1e3:.1f}", _percent(r["comm_share"]),
+                _ratio(r["speedup"]), _percent(r["efficiency"]),
+            ])  # fmt: skip
+    return headers, body
+
+
+def _key(r: Row) -> tuple[str, str, int, int]:
+    return r["model"], r["backend"], r["servers"], r["per_server"]
+
+
+def compare_table(a: ScalingResult, b: ScalingResult, fail_below: float = 0.0) -> tuple[Table, int]:
+    """Configurations present in both results side by side; the second's throughput over the
+    first's. Also returns how many ratios fell below ``fail_below``."""
+    theirs = {_key(r): r for r in b.rows}
+    headers = [
+        "model", "backend", "servers", "processes/server", "A step (ms)", "B step (ms)",
+        "A samples/s", "B samples/s", "B/A throughput", "",
+    ]  # fmt: skip
+    body, below = [], 0
+    for r in a.rows:
+        o = theirs.get(_key(r))
+        if o is None:
+            continue
+        ratio = o["throughput"] / r["throughput"]
+        slow = ratio < fail_below
+        below += slow
+        body.append([
+            r["model"], r["backend"], str(r["servers"]), str(r["per_server"]), _step(r), _step(o),
+            f"{r['throughput']:.1f}", f"{o['throughput']:.1f}", f"{ratio:.3f}",
+            "REGRESSION" if slow else "",
+        ])  # fmt: skip
+    return (headers, body), below
+
+
+def markdown(table: Table) -> str:
+    headers, body = table
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _text(table: Table, left: int) -> str:
+    return report.format_table(*table, left=left) if table[1] else "(no configurations)"
+
+
+def sections(result: ScalingResult) -> list[tuple[str, Table, int]]:
+    """(title, table, left-aligned columns) in the order both renderers show them."""
+    backends = result.meta.get("backends", [])
+    out = []
+    for model in result.models():
+        intra = intra_table(result.rows, model, backends)
+        out.append((f"Speedup inside one server: {model}", intra, 1))
+        if any(r["servers"] > 1 for r in result.rows if r["model"] == model):
+            inter = inter_table(result.rows, model, backends)
+            out.append((f"Speedup across servers: {model}", inter, 1))
+    if len(result.models()) > 1:
+        out.append(("Compute and communication by model", model_table(result.rows, backends), 1))
+    if result.environment:
+        env = envreport.environment_table(result.environment)
+        out.append(("Environment", env, len(env[0])))
+    return out
+
+
+def _notes(result: ScalingResult) -> list[str]:
+    lines = [f"skipped {b}: {why}" for b, why in result.skipped.items()]
+    lines += [
+        f"failed {f['model']} {f['backend']} {f['servers']}x{f['per_server']}: {f['reason']}"
+        for f in result.failed
+    ]
+    if not any(r["servers"] > 1 for r in result.rows):
+        lines.append("no run across servers: give -H host1:N,host2:N or --hostfile for that table")
+    return lines
+
+
+def headline(meta: dict[str, Any]) -> str:
+    batches = ", ".join(f"{m} {b}" for m, b in meta.get("batch_sizes", {}).items())
+    return (
+        f"hora bench scaling ({meta.get('date', '')}): batch per process {batches}; "
+        f"{meta.get('steps')} timed steps after {meta.get('warmup')} warm-up; "
+        f"{meta.get('threads')} torch thread(s) per process. Step time: mean ± standard "
+        "deviation over steps (a step lasts as long as its slowest rank); comm wait: share of a "
+        "step spent in optimizer.synchronize() after backward"
+    )
+
+
+def render_text(result: ScalingResult) -> str:
+    parts = [headline(result.meta)]
+    for title, table, left in sections(result):
+        parts += ["", title, _text(table, left)]
+    notes = _notes(result)
+    return "\n".join(parts + ([""] + notes if notes else [])) + "\n"
+
+
+def render_markdown(result: ScalingResult) -> str:
+    parts = [f"# {result.meta.get('title', 'Scaling lab')}", "", headline(result.meta)]
+    for title, table, _ in sections(result):
+        parts += ["", f"## {title}", "", markdown(table) if table[1] else "(no configurations)"]
+    notes = _notes(result)
+    return "\n".join(parts + (["", *(f"- {n}" for n in notes)] if notes else [])) + "\n"
+
+
+def to_csv(rows: Sequence[Row]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for r in derive(rows):
+        writer.writerow({**r, "hosts": "+".join(r["hosts"])})
+    return buf.getvalue()
+
+
+def save(result: ScalingResult, folder: str | Path, plots: bool = True) -> list[Path]:
+    """Write results.json, results.csv, tables.md and (``plots``) the PNGs; the paths written."""
+    from hora.lab import bench_plots
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / RESULTS, out / "results.csv", out / "tables.md"]
+    stored = ScalingResult(**{**asdict(result), "rows": derive(result.rows)})
+    written[0].write_text(json.dumps(asdict(stored), indent=1) + "\n")
+    written[1].write_text(to_csv(result.rows))
+    written[2].write_text(render_markdown(result))
+    if plots and result.rows:
+        written += bench_plots.plot_all(result, out)
+    return written
+
+
+def load(folder: str | Path) -> ScalingResult:
+    path = Path(folder) / RESULTS
+    try:
+        data = json.loads(path.read_text())
+        return ScalingResult(**data)
+    except FileNotFoundError as e:
+        raise ValueError(
+            f"{path} not found: give a folder written by hora bench scaling --out"
+        ) from e
+    except (json.JSONDecodeError, TypeError) as e:
+        raise ValueError(f"{path} is not a hora bench scaling result: {e}") from e
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``hora bench report``'s arguments to ``parser``."""
+    parser.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="result folder(s) of hora bench scaling --out; two to compare (A then B)",
+    )
+    parser.add_argument(
+        "--out",
+        help="write tables and plots here (default: the folder itself; with two "
+        "folders: comparison.md and comparison.png, only when given)",
+    )
+    parser.add_argument(
+        "--fail-below",
+        type=float,
+        default=0.0,
+        metavar="RATIO",
+        help="with two folders: exit "
+        "1 if any configuration's B/A throughput ratio is below RATIO, e.g. 0.9",
+    )
+
+
+def command(args: argparse.Namespace) -> int:
+    """Print the tables again (one folder) or the comparison (two); 2 for bad input."""
+    from hora.lab import bench_plots
+
+    try:
+        if len(args.dirs) > 2:
+            raise ValueError(f"give one or two result folders, not {len(args.dirs)}")
+        results = [load(d) for d in args.dirs]
+    except ValueError as e:
+        print(f"hora bench report: error: {e}", file=sys.stderr)
+        return 2
+    if len(results) == 1:
+        sys.stdout.write(render_text(results[0]))
+        for path in save(results[0], args.out or args.dirs[0]):
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
+    a, b = results
+    table, below = compare_table(a, b, args.fail_below)
+    lines = [f"A = {args.dirs[0]}", f"B = {args.dirs[1]}", "", _text(table, 2)]
+    if args.fail_below:
+        lines.append(f"\n{below} configuration(s) below {args.fail_below:g} x A's throughput")
+    sys.stdout.write("\n".join(lines) + "\n")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "comparison.md").write_text(markdown(table) + "\n")
+        bench_plots.plot_compare(a, b, out / "comparison.png", args.dirs)
+    return 1 if below else 0

@@ -1,0 +1,418 @@
+"""``hora bench scaling``: the scaling lab in one command.
+
+For every model x backend x placement (processes per server x servers), it launches the
+training benchmark (:func:`hora.lab.train_worker.train`) through :func:`hora.run`, and turns
+every rank's step times into a row: mean step time with its spread, throughput, speedup over
+one process, scaling efficiency and the share of a step spent waiting on communication
+(:mod:`hora.lab.bench_report`). Backends that cannot run here are reported as skipped with the
+reason; configurations that fail are reported with theirs. A progress bar on stderr says which
+configuration runs and how far it is; a line is printed per finished configuration. The
+environment of every server is collected (:mod:`hora.lab.envreport`). The tables go to stdout;
+``--out DIR`` also gets results.json/.csv, tables.md and PNG plots.
+
+Placements: ``--np`` lists total process counts. Without hosts, each runs on this host. With
+``-H``/``--hostfile`` each count ``n`` runs as every balanced split ``servers x per_server = n``
+that the hosts' slots allow, filling hosts in the order given (``--np 1,2,4 -H a:2,b:2``: 1x1,
+1x2, 2x1, 2x2), so both of the lab's tables (inside one server, across servers) get filled.
+
+Runs in the caller's thread, plus a daemon thread that polls the progress file. Not meant to be
+called from two threads at once: each configuration redirects ``sys.stdout``/``sys.stderr``
+into its log while it runs, so that worker output does not tear through the progress bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from hora.errors import LaunchError
+from hora.lab import bench_report, envreport
+from hora.lab.bench_report import Row, ScalingResult
+from hora.lab.train_worker import DEFAULT_BATCH, MODELS, TrainSpec, train
+from hora.launch.hosts import HostSlots, parse_hostfile, parse_hosts
+
+log = logging.getLogger("hora.lab")
+
+BACKENDS = ("native", "gloo", "mpi", "nccl")
+
+
+def parse_names(text: str, known: Sequence[str], what: str) -> list[str]:
+    """``"a,b"`` -> ``["a", "b"]`` checked against ``known``; ``"all"`` -> ``known``."""
+    names = [p.strip().lower() for p in text.split(",") if p.strip()]
+    if names == ["all"]:
+        return list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"--{what} {text!r}: choose from {', '.join(known)} (or all)")
+    return list(dict.fromkeys(names))
+
+
+def parse_counts(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (sorted, positive)."""
+    try:
+        counts = sorted({int(p) for p in text.split(",") if p.strip()})
+    except ValueError as e:
+        raise ValueError(f"--np {text!r}: give process counts like 1,2,4") from e
+    if not counts or counts[0] < 1:
+        raise ValueError(f"--np {text!r}: give positive process counts like 1,2,4")
+    return counts
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``servers`` hosts with ``per_server`` processes each."""
+
+    servers: int
+    per_server: int
+    hosts: tuple[str, ...] = ()  # empty: this host, no -H
+
+    @property
+    def np(self) -> int:
+        return self.servers * self.per_server
+
+    def hosts_arg(self) -> str | None:
+        return ",".join(f"{h}:{self.per_server}" for h in self.hosts) if self.hosts else None
+
+    def label(self) -> str:
+        return f"{self.servers} server{'s' * (self.servers > 1)} x {self.per_server}"
+
+
+def placements(counts: Sequence[int], hosts: Sequence[HostSlots] = ()) -> list[Placement]:
+    """Every placement of each process count (see the module docstring); ValueError when a
+    count fits on no split of the hosts."""
+    if not hosts:
+        return [Placement(1, n) for n in counts]
+    out = []
+    for n in counts:
+        fits = [
+            Placement(s, n // s, tuple(h.name for h in hosts[:s]))
+            for s in range(1, len(hosts) + 1)
+            if n % s == 0 and all(h.slots >= n // s for h in hosts[:s])
+        ]
+        if not fits:
+            slots = ",".join(f"{h.name}:{h.slots}" for h in hosts)
+            raise ValueError(f"--np {n} fits no balanced split of the hosts {slots}")
+        out += fits
+    return out
+
+
+def unavailable(backend: str) -> str | None:
+    """Why ``backend`` cannot run the training benchmark here, or None when it can."""
+    from hora.backends import registry
+
+    entry = registry.BACKENDS.get(backend)
+    module = entry.split(":")[0] if entry else None
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "needs an NVIDIA GPU; there is none here (torch.cuda.is_available() is False)"
+        return "the scaling lab trains on CPU only; GPU training is not implemented yet"
+    if module is None or importlib.util.find_spec(module) is None:
+        return f"this build of hora has no {backend} backend ({module or 'not registered'})"
+    if backend == "mpi":
+        if importlib.util.find_spec("mpi4py") is None:
+            return "mpi4py is not installed"
+        if shutil.which("mpirun") is None:
+            return "mpirun is not on PATH (install Open MPI)"
+    return None
+
+
+@dataclass
+class ScalingConfig:
+    models: list[str] = field(default_factory=lambda: ["cnn"])
+    backends: list[str] = field(default_factory=lambda: list(BACKENDS))
+    nps: list[int] = field(default_factory=lambda: [1, 2])
+    hosts: list[HostSlots] = field(default_factory=list)  # empty: this host
+    batch_size: int | None = None  # None: DEFAULT_BATCH per model
+    steps: int = 20
+    warmup: int = 5
+    threads: int = 1
+    timeout: float = 600.0  # seconds per configuration
+    out: str | None = None
+    examples_dir: str = ""
+    data_dir: str = "./data"
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    ssh_config_file: str | None = None
+    start_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        for model in self.models:
+            self.spec(model)  # validates batch size, steps, warm-up, threads, timeout
+        self.placements = placements(self.nps, self.hosts)
+
+    def batch(self, model: str) -> int:
+        return self.batch_size or DEFAULT_BATCH[model]
+
+    def spec(self, model: str, progress_path: str | None = None) -> TrainSpec:
+        return TrainSpec(
+            model, self.batch(model), self.steps, self.warmup, self.threads, self.timeout,
+            self.examples_dir, self.data_dir, progress_path,
+        )  # fmt: skip
+
+
+class Progress:
+    """The progress bar (a redrawn line on a terminal) and one line per finished configuration.
+
+    ``step`` is called from the polling thread, the rest from the caller's; a lock keeps lines
+    whole.
+    """
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self.stream, self.total, self.done = stream, total, 0
+        self.tty = stream.isatty()
+        self.current = ""
+        self._lock = threading.Lock()
+
+    def _bar(self, fraction: float) -> str:
+        filled = int(24 * fraction)
+        return "[" + "#" * filled + "." * (24 - filled) + "]"
+
+    def start(self, what: str) -> None:
+        with self._lock:
+            self.current = what
+            self._draw(f"starting ({self.done + 1}/{self.total})")
+
+    def step(self, done: int, total: int) -> None:
+        with self._lock:
+            self._draw(f"step {done}/{total}", done / total)
+
+    def _draw(self, status: str, within: float = 0.0) -> None:
+        if self.tty:
+            bar = self._bar((self.done + within) / self.total)
+            text = f"{bar} {self.done}/{self.total} {self.current}: {status}"
+            self.stream.write("\r" + text[:150] + "\x1b[K")
+            self.stream.flush()
+
+    def line(self, text: str, finished: bool = True) -> None:
+        with self._lock:
+            self.done += finished
+            prefix = f"[{self.done}/{self.total}] " if finished else ""
+            self.stream.write(("\r\x1b[K" if self.tty else "") + prefix + text + "\n")
+            self.stream.flush()
+
+
+def _poll(path: str, progress: Progress, stop: threading.Event) -> None:
+    while not stop.wait(0.3):
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as f:
+                done, total = map(int, f.read().split())
+            progress.step(done, total)
+
+
+def _why(error: Exception, log_path: str) -> str:
+    """One line: what failed, and the last line the workers wrote about it."""
+    text = str(error).strip().splitlines()
+    detail = [ln for ln in text[1:] if ln.strip() and not ln.startswith(" ")]
+    with contextlib.suppress(OSError), open(log_path, errors="replace") as f:
+        detail += [ln.rstrip() for ln in f if ln.strip() and "Traceback" not in ln][-1:]
+    reason = text[0] if text else type(error).__name__
+    return f"{reason}: {detail[-1].strip()}" if detail else reason
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return env
+
+
+def run_configuration(
+    config: ScalingConfig, model: str, backend: str, place: Placement, logdir: str,
+    progress: Progress,
+) -> Row:  # fmt: skip
+    """Train ``model`` on ``place`` with ``backend``; the row, or LaunchError/RuntimeError."""
+    name = f"{model}-{backend}-{place.servers}x{place.per_server}"
+    log_path = os.path.join(logdir, name + ".log")
+    progress_path = os.path.join(logdir, name + ".progress")
+    stop = threading.Event()
+    poller = threading.Thread(target=_poll, args=(progress_path, progress, stop), daemon=True)
+    poller.start()
+    started = time.monotonic()
+    try:
+        with (
+            open(log_path, "w") as log_file,
+            contextlib.redirect_stdout(log_file),
+            contextlib.redirect_stderr(log_file),
+        ):
+            ranks = _launch(config, config.spec(model, progress_path), backend, place)
+    except LaunchError as e:
+        raise RuntimeError(_why(e, log_path)) from e
+    finally:
+        stop.set()
+        poller.join(timeout=5)
+        with contextlib.suppress(OSError):
+            os.remove(progress_path)
+    if any(r["backend"] != backend for r in ranks):
+        raise RuntimeError(f"asked for the {backend} backend but ran on {ranks[0]['backend']}")
+    info = {
+        "model": model, "backend": backend, "servers": place.servers,
+        "per_server": place.per_server, "hosts": list(place.hosts) or ["localhost"],
+        "batch_size": config.batch(model), "steps": config.steps, "warmup": config.warmup,
+        "wall_s": time.monotonic() - started,
+    }  # fmt: skip
+    return bench_report.summarize(ranks, info)
+
+
+def _launch(config: ScalingConfig, spec: TrainSpec, backend: str, place: Placement) -> list[Any]:
+    import hora
+
+    return hora.run(
+        train, args=(spec,), np=place.np, hosts=place.hosts_arg(), use_gloo=backend == "gloo",
+        use_mpi=backend == "mpi", env=_worker_env(), start_timeout=config.start_timeout,
+        ssh_port=config.ssh_port, ssh_identity_file=config.ssh_identity_file,
+        ssh_config_file=config.ssh_config_file,
+    )  # fmt: skip
+
+
+def collect_environment(config: ScalingConfig) -> list[dict[str, str]]:
+    """:func:`envreport.collect` on every server the run uses (this host when none is given)."""
+    from hora.launch.local import is_local_host
+
+    names = list(dict.fromkeys(h for p in config.placements for h in p.hosts))
+    if not names or all(is_local_host(n) for n in names):
+        return [envreport.collect()]
+    import hora
+
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        return list(
+            hora.run(
+                envreport.collect, np=len(names), hosts=",".join(f"{n}:1" for n in names),
+                env=_worker_env(), start_timeout=config.start_timeout, ssh_port=config.ssh_port,
+                ssh_identity_file=config.ssh_identity_file, ssh_config_file=config.ssh_config_file,
+            )
+        )  # fmt: skip
+
+
+def _done_line(row: Row, base: float | None) -> str:
+    speedup = f", speedup {row['throughput'] / base:.2f}" if base else ""
+    return (
+        f"{row['model']} {row['backend']} {row['servers']}x{row['per_server']}: "
+        f"{row['step_mean_s'] * 1e3:.1f} ± {row['step_std_s'] * 1e3:.1f} ms/step, "
+        f"{row['throughput']:.1f} samples/s{speedup}, comm wait {100 * row['comm_share']:.0f}%"
+    )
+
+
+def run_scaling(config: ScalingConfig, stream: TextIO | None = None) -> ScalingResult:
+    """Run every configuration of ``config``; progress on ``stream`` (default stderr)."""
+    stream = stream or sys.stderr
+    skipped = {b: why for b in config.backends if (why := unavailable(b)) is not None}
+    backends = [b for b in config.backends if b not in skipped]
+    total = len(config.models) * len(backends) * len(config.placements)
+    progress = Progress(stream, max(total, 1))
+    for backend, why in skipped.items():
+        progress.line(f"skipped {backend}: {why}", finished=False)
+    meta = {
+        "title": "hora scaling lab",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "models": config.models,
+        "backends": config.backends,
+        "nps": config.nps,
+        "hosts": [f"{h.name}:{h.slots}" for h in config.hosts],
+        "batch_sizes": {m: config.batch(m) for m in config.models},
+        "steps": config.steps,
+        "warmup": config.warmup,
+        "threads": config.threads,
+    }
+    environment = collect_environment(config)
+    rows: list[Row] = []
+    failed: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if config.out:
+            logdir = os.path.join(config.out, "logs")
+            os.makedirs(logdir, exist_ok=True)
+        else:
+            logdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="hora-scaling-"))
+        for model in config.models:
+            for backend in backends:
+                for place in config.placements:
+                    progress.start(f"{model} {backend} {place.label()}")
+                    try:
+                        row = run_configuration(config, model, backend, place, logdir, progress)
+                    except RuntimeError as e:
+                        failed.append({"model": model, "backend": backend,
+                                       "servers": place.servers, "per_server": place.per_server,
+                                       "reason": str(e)})  # fmt: skip
+                        progress.line(f"{model} {backend} {place.label()} failed: {e}")
+                        continue
+                    rows.append(row)
+                    base = next(
+                        (r["throughput"] for r in rows
+                         if (r["model"], r["backend"], r["np"]) == (model, backend, 1)),
+                        None,
+                    )  # fmt: skip
+                    progress.line(_done_line(row, base))
+    result = ScalingResult(meta, environment, rows, skipped, failed)
+    if config.out:
+        for path in bench_report.save(result, config.out):
+            log.info("wrote %s", path)
+    return result
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``hora bench scaling``'s options to ``parser``."""
+    add = parser.add_argument
+    add("--model", default="cnn", help=f"comma-separated from {','.join(MODELS)}, or all "
+        "(default cnn)")  # fmt: skip
+    add("--backends", default=",".join(BACKENDS), help="comma-separated from "
+        f"{','.join(BACKENDS)} (default all; those that cannot run here are listed as skipped)")  # fmt: skip  # noqa: E501
+    add("--np", default="1,2", help="total process counts, e.g. 1,2,4 (default 1,2)")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", help="servers as host:slots,... e.g. a:2,b:2")
+    hosts.add_argument("--hostfile", help="file with one 'host slots=N' per line")
+    batches = ", ".join(f"{m} {b}" for m, b in DEFAULT_BATCH.items())
+    add("--batch-size", type=int, help=f"samples per process per step (default: {batches})")
+    add("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
+    add("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    add("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    add("--timeout", type=float, default=600.0, help="seconds per configuration (default 600)")
+    add("--out", metavar="DIR", help="write results.json/.csv, tables.md, PNG plots and logs")
+    add("--examples-dir", default="", help="hora's examples/ folder (default: next to src/)")
+    add("--data-dir", default="./data", help="MNIST files for --model mnist (default ./data; "
+        "without them scikit-learn's digits)")  # fmt: skip
+    add("-p", "--ssh-port", type=int, help="ssh port of the servers")
+    add("-i", "--ssh-identity-file", help="ssh private key for the servers")
+    add("--ssh-config-file", help="ssh client config (ssh -F) for host aliases")
+    add("--start-timeout", type=float, default=30.0, help="seconds for a job to start")
+
+
+def config_from_args(args: argparse.Namespace) -> ScalingConfig:
+    hosts = (
+        parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile)
+        if args.hostfile else []
+    )  # fmt: skip
+    return ScalingConfig(
+        models=parse_names(args.model, MODELS, "model"),
+        backends=parse_names(args.backends, BACKENDS, "backends"),
+        nps=parse_counts(args.np), hosts=hosts, batch_size=args.batch_size, steps=args.steps,
+        warmup=args.warmup, threads=args.threads, timeout=args.timeout, out=args.out,
+        examples_dir=args.examples_dir, data_dir=args.data_dir, ssh_port=args.ssh_port,
+        ssh_identity_file=args.ssh_identity_file, ssh_config_file=args.ssh_config_file,
+        start_timeout=args.start_timeout,
+    )  # fmt: skip
+
+
+def command(args: argparse.Namespace) -> int:
+    """Progress on stderr, tables on stdout; 0 when something was measured, 1 when nothing
+    was, 2 for bad options."""
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        print(f"hora bench scaling: error: {e}", file=sys.stderr)
+        return 2
+    result = run_scaling(config)
+    sys.stdout.write(bench_report.render_text(result))
+    if config.out:
+        print(f"results, tables and plots in {config.out}", file=sys.stderr)
+    return 0 if result.rows else 1
