@@ -1,0 +1,100 @@
+"""Completion objects and background lanes of the shared-memory pair.
+
+:class:`ShmWork` is the ``Work`` of an ``isend``/``irecv`` (transport/base.py): ``wait``
+returns when the operation is done and re-raises its TransportError. A :class:`Lane` runs the
+operations queued on it one after the other on a daemon thread started on first use, so that
+operations of one direction keep their order.
+
+Thread-safety: ``ShmWork`` may be finished from any thread and waited on from another;
+``Lane.submit``/``drain``/``idle`` are called by the thread that issues the pair's operations,
+``close`` from any thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from hora.errors import TransportError
+
+
+class ShmWork:
+    """Completion of one operation; ``wait`` re-raises the transport error."""
+
+    __slots__ = ("_event", "_error")
+
+    def __init__(self, error: TransportError | None = None, done: bool = False) -> None:
+        self._event = threading.Event()
+        self._error = error
+        if error is not None or done:
+            self._event.set()
+
+    def finish(self, error: TransportError | None = None) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Return when done; TimeoutError (the pair stays open) if ``timeout`` ends first."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"transport operation not done after {timeout}s")
+        if self._error is not None:
+            raise TransportError(str(self._error)) from self._error
+
+
+class Lane:
+    """A FIFO of operations run by one lazily started daemon thread."""
+
+    def __init__(self, name: str, closed_error: Callable[[], TransportError]) -> None:
+        self._name = name
+        self._closed_error = closed_error
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], ShmWork] | None]
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._last: ShmWork | None = None
+
+    def submit(self, op: Callable[[], None]) -> ShmWork:
+        """Queue ``op``; its Work is done when ``op`` returns, or fails with what it raised."""
+        work = ShmWork()
+        with self._lock:
+            if self._closed:
+                return ShmWork(self._closed_error())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._last = work
+            self._queue.put((op, work))
+        return work
+
+    def idle(self) -> bool:
+        last = self._last
+        return last is None or last.done()
+
+    def drain(self) -> None:
+        """Wait until everything submitted so far is done (its errors surface elsewhere)."""
+        last = self._last
+        if last is not None:
+            last._event.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._queue.put(None)
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            op, work = item
+            try:
+                op()
+            except TransportError as e:
+                work.finish(e)
+            except Exception as e:  # a bug must fail the operation, not hang its waiter
+                work.finish(TransportError(f"{self._name}: {type(e).__name__}: {e}"))
+            else:
+                work.finish()

@@ -1,0 +1,395 @@
+"""ShmPair: the Pair contract (transport/base.py) between two ranks of one host.
+
+Each pair has two Unix stream sockets, one per direction. On the socket of a direction the
+sender writes frames (a 24-byte header, then for small payloads the payload) and reads one
+acknowledgement byte per bulk frame; the receiver reads frames and writes acknowledgements.
+A payload of at most ``EAGER_LIMIT`` bytes travels inside the socket. A larger one travels in
+one of two ways, chosen per direction when the pair was made:
+
+* **single copy** (``PULL`` frame): the header carries the address of the sender's buffer and
+  the receiver copies straight out of it with ``process_vm_readv``, then acknowledges; the
+  sender's ``isend`` is done at that acknowledgement.
+* **staged** (``STAGED`` frames): the sender copies the payload, slot by slot, into a
+  shared-memory staging area (:mod:`~hora.transport.shm.staging`); the receiver copies each
+  slot out and acknowledges it, which frees the slot. ``isend`` is done once the last slot is
+  written.
+
+:meth:`ShmPair.recv_reduce` receives a frame and reduces it into a typed buffer in the same
+pass (cache-sized pieces of a pulled payload, or straight out of a staging slot), which saves
+a whole copy against ``recv_into`` followed by a reduction.
+
+Threads: the engine thread issues the operations. Like the TCP pair, ``irecv`` and any send
+that cannot finish at once run on two daemon lane threads of the pair (FIFO, so order holds); a
+third daemon thread reads acknowledgements. A dead peer closes its sockets, so every waiting
+operation fails at once. ``close`` is safe from any thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from hora.errors import TransportError
+from hora.transport.base import MAX_MESSAGE, Buffer
+from hora.transport.shm import cma
+from hora.transport.shm.lanes import Lane, ShmWork
+from hora.transport.shm.staging import SLOT_BYTES, SLOTS, Staging
+from hora.transport.tcp.pair import byte_view
+from hora.transport.tcp.wire import hard_close, recv_exact_into
+
+HEADER = struct.Struct("=BBxxIQQ")  # kind, slot, chunk bytes, total bytes, address
+EAGER, PULL, STAGED, MSG = 1, 2, 3, 4
+KIND_NAMES = {EAGER: "inline data", PULL: "single-copy data", STAGED: "staged data", MSG: "message"}
+EAGER_LIMIT = 64 << 10
+REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays in cache)
+_ACK = b"\x06"
+_SLOT = object()  # an acknowledgement that frees a staging slot
+_DONE = ShmWork(done=True)  # shared by every isend that completed at once
+
+Reduce = Callable[[np.ndarray, np.ndarray], None]
+
+
+def as_bytes(arr: np.ndarray) -> memoryview:
+    """The memory of ``arr`` (C-contiguous) as a flat byte view, without copying."""
+    return memoryview(arr).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+
+
+@dataclass
+class Link:
+    """One direction of a pair, as agreed when the pair was made."""
+
+    sock: socket.socket
+    single_copy: bool  # the receiver reads the sender's memory (else: staging)
+    staging: Staging | None = None
+    pid: int = 0  # on the receiving side: the sender's pid, for single-copy reads
+
+
+class ShmPair:
+    """This rank's DATA connection to rank ``peer`` on the same host."""
+
+    def __init__(self, peer: int, out: Link, inn: Link) -> None:
+        self.peer = peer
+        self._out = out
+        self._in = inn
+        self._what = f"rank {peer} (shared memory)"
+        self._header = bytearray(HEADER.size)
+        self._lock = threading.Condition()  # guards the fields below
+        self._closed = False
+        self._error: TransportError | None = None
+        self._unacked: deque[object] = deque()  # ShmWork (PULL) or _SLOT, in frame order
+        self._free_slots = SLOTS
+        self._next_slot = 0
+        self._acker: threading.Thread | None = None
+        self._sender = Lane(f"hora-shm-send-{peer}", self._closed_error)
+        self._receiver = Lane(f"hora-shm-recv-{peer}", self._closed_error)
+
+    def __repr__(self) -> str:
+        mode = "single-copy" if self._out.single_copy else "staged"
+        return f"ShmPair({self._what}, {mode}, {'closed' if self._closed else 'open'})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- sending (engine thread, or the send lane) -------------------------------------------
+
+    def send(self, buf: Buffer) -> None:
+        view = byte_view(buf)
+        self._sender.drain()
+        self._send_blocking(view)
+
+    def isend(self, buf: Buffer) -> ShmWork:
+        view = byte_view(buf)
+        if self._closed or not self._sender.idle():
+            return self._sender.submit(partial(self._send_blocking, view))
+        if view.nbytes <= EAGER_LIMIT:
+            head = HEADER.pack(EAGER, 0, view.nbytes, view.nbytes, 0)
+            return self._write_soon([head, view])
+        if self._out.single_copy:
+            acked = self._expect_ack(ShmWork())
+            head = HEADER.pack(PULL, 0, 0, view.nbytes, cma.address(view))
+            written = self._write_soon([head], then=acked.wait)
+            return acked if written.done() else written
+        return self._sender.submit(partial(self._send_blocking, view))
+
+    def send_msg(self, payload: bytes) -> None:
+        view = byte_view(payload)
+        if view.nbytes > MAX_MESSAGE:
+            raise ValueError(f"message of {view.nbytes} bytes exceeds MAX_MESSAGE={MAX_MESSAGE}")
+        self._sender.drain()
+        self._write([HEADER.pack(MSG, 0, 0, view.nbytes, 0), view])
+
+    def _send_blocking(self, view: memoryview) -> None:
+        """Send one data frame on this thread; return when the sender's buffer is free."""
+        total = view.nbytes
+        if total <= EAGER_LIMIT:
+            self._write([HEADER.pack(EAGER, 0, total, total, 0), view])
+        elif self._out.single_copy:
+            work = self._expect_ack(ShmWork())
+            self._write([HEADER.pack(PULL, 0, 0, total, cma.address(view))])
+            work.wait()
+        else:
+            staging = self._out.staging
+            assert staging is not None
+            for start in range(0, total, SLOT_BYTES):
+                chunk = min(SLOT_BYTES, total - start)
+                slot = self._take_slot()
+                np.copyto(staging.slot(slot, chunk), np.frombuffer(view[start:], np.uint8, chunk))
+                self._write([HEADER.pack(STAGED, slot, chunk, total, 0)])
+
+    def _write_soon(
+        self, parts: list[bytes | memoryview], then: Callable[[], None] | None = None
+    ) -> ShmWork:
+        """Write what the socket takes now; the send lane writes the rest, then runs ``then``."""
+        size = sum(memoryview(p).nbytes for p in parts)
+        try:
+            sent = self._out.sock.sendmsg(parts, (), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:
+            return ShmWork(self._fail(e))
+        if sent == size:
+            return _DONE
+        return self._sender.submit(partial(self._write, parts, sent, then))
+
+    def _write(
+        self, parts: list[bytes | memoryview], skip: int = 0, then: Callable[[], None] | None = None
+    ) -> None:
+        if self._closed:
+            raise self._closed_error()
+        try:
+            for part in parts:
+                part = memoryview(part).cast("B")
+                if skip >= part.nbytes:
+                    skip -= part.nbytes
+                    continue
+                self._out.sock.sendall(part[skip:])
+                skip = 0
+        except OSError as e:
+            raise self._fail(e) from e
+        if then is not None:
+            then()
+
+    # -- acknowledgements (the ack thread) ----------------------------------------------------
+
+    def _expect_ack(self, item: ShmWork) -> ShmWork:
+        with self._lock:
+            if self._closed:
+                raise self._closed_error()
+            self._unacked.append(item)
+            self._start_acker()
+        return item
+
+    def _take_slot(self) -> int:
+        with self._lock:
+            while self._free_slots == 0 and not self._closed:
+                self._lock.wait()
+            if self._closed:
+                raise self._closed_error()
+            self._free_slots -= 1
+            slot = self._next_slot
+            self._next_slot = (slot + 1) % SLOTS
+            self._unacked.append(_SLOT)
+            self._start_acker()
+        return slot
+
+    def _start_acker(self) -> None:
+        if self._acker is None:
+            self._acker = threading.Thread(
+                target=self._ack_loop, name=f"hora-shm-ack-{self.peer}", daemon=True
+            )
+            self._acker.start()
+
+    def _ack_loop(self) -> None:
+        buf = bytearray(256)
+        while True:
+            try:
+                got = self._out.sock.recv_into(buf)
+            except OSError as e:
+                self._fail(e)
+                return
+            if got == 0:
+                self._fail(EOFError())
+                return
+            done = []
+            with self._lock:
+                if got > len(self._unacked) or buf[:got].count(_ACK) != got:
+                    problem = "an unexpected acknowledgement"
+                else:
+                    problem = ""
+                    for _ in range(got):
+                        item = self._unacked.popleft()
+                        if item is _SLOT:
+                            self._free_slots += 1
+                        else:
+                            done.append(item)
+                    self._lock.notify_all()
+            if problem:
+                self._fail(f"malformed frame from {self._what}: {problem}")
+                return
+            for work in done:
+                assert isinstance(work, ShmWork)
+                work.finish()
+
+    # -- receiving (engine thread, or the receive lane) ---------------------------------------
+
+    def recv_into(self, buf: memoryview | bytearray) -> None:
+        view = byte_view(buf, writable=True)
+        self._receiver.drain()
+        self._recv(view, None)
+
+    def irecv(self, buf: memoryview | bytearray) -> ShmWork:
+        view = byte_view(buf, writable=True)
+        return self._receiver.submit(partial(self._recv, view, None))
+
+    def recv_reduce(self, buf: np.ndarray, reduce: Reduce, scratch: np.ndarray) -> None:
+        """Receive one data frame of ``buf.nbytes`` and fold it in: ``reduce(buf, frame)``.
+
+        ``buf`` is a 1-D C-contiguous typed array; ``scratch`` (any dtype, C-contiguous) holds
+        pieces of the frame when it has ``REDUCE_CHUNK`` bytes, else scratch is allocated.
+        """
+        if scratch.nbytes < REDUCE_CHUNK:
+            scratch = np.empty(REDUCE_CHUNK, np.uint8)
+        tmp = scratch.reshape(-1).view(np.uint8)
+        self._receiver.drain()
+        self._recv(as_bytes(buf), (buf, reduce, tmp))
+
+    def recv_msg(self) -> bytes:
+        self._receiver.drain()
+        kind, _, _, total, _ = self._read_header()
+        if kind != MSG or total > MAX_MESSAGE:
+            raise self._malformed(f"expected a message, got {KIND_NAMES.get(kind, kind)}")
+        body = bytearray(total)
+        self._read_exact(memoryview(body))
+        return bytes(body)
+
+    def _recv(self, view: memoryview, fold: tuple[np.ndarray, Reduce, np.ndarray] | None) -> None:
+        kind, slot, chunk, total, addr = self._read_header()
+        if kind not in (EAGER, PULL, STAGED) or total != view.nbytes:
+            got = KIND_NAMES.get(kind, kind)
+            raise self._malformed(f"expected {view.nbytes} bytes of data, got {got} of {total}")
+        if kind == EAGER:
+            if fold is None:
+                self._read_exact(view)
+            else:
+                buf, reduce, tmp = fold
+                self._read_exact(as_bytes(tmp[:total]))
+                reduce(buf, tmp[:total].view(buf.dtype))
+        elif kind == PULL:
+            self._pull(view, addr, fold)
+            self._ack()
+        else:
+            done = 0
+            while True:
+                self._unstage(view, done, slot, chunk, fold)
+                self._ack()
+                done += chunk
+                if done >= total:
+                    break
+                kind, slot, chunk, again, _ = self._read_header()
+                if kind != STAGED or again != total or chunk > total - done:
+                    raise self._malformed("a staged payload was cut short")
+
+    def _pull(
+        self, view: memoryview, addr: int, fold: tuple[np.ndarray, Reduce, np.ndarray] | None
+    ) -> None:
+        try:
+            if fold is None:
+                cma.read(self._in.pid, view, addr)
+                return
+            buf, reduce, tmp = fold
+            step = REDUCE_CHUNK - REDUCE_CHUNK % buf.itemsize
+            per = buf.itemsize
+            for start in range(0, view.nbytes, step):
+                size = min(step, view.nbytes - start)
+                cma.read(self._in.pid, as_bytes(tmp[:size]), addr + start)
+                reduce(buf[start // per : (start + size) // per], tmp[:size].view(buf.dtype))
+        except OSError as e:
+            raise self._fail(f"single-copy read from {self._what} failed: {e}") from e
+
+    def _unstage(
+        self,
+        view: memoryview,
+        start: int,
+        slot: int,
+        chunk: int,
+        fold: tuple[np.ndarray, Reduce, np.ndarray] | None,
+    ) -> None:
+        staging = self._in.staging
+        if staging is None or not 0 <= slot < SLOTS or chunk > SLOT_BYTES:
+            raise self._malformed(f"staged data in slot {slot} of {chunk} bytes")
+        if fold is None:
+            np.copyto(np.frombuffer(view[start:], np.uint8, chunk), staging.slot(slot, chunk))
+        else:
+            buf, reduce, _ = fold
+            per = buf.itemsize
+            part = buf[start // per : (start + chunk) // per]
+            reduce(part, staging.slot(slot, chunk, buf.dtype))
+
+    def _ack(self) -> None:
+        try:
+            self._in.sock.sendall(_ACK)
+        except OSError as e:
+            raise self._fail(e) from e
+
+    def _read_header(self) -> tuple[int, int, int, int, int]:
+        if self._closed:
+            raise self._closed_error()
+        self._read_exact(memoryview(self._header))
+        kind, slot, chunk, total, addr = HEADER.unpack(self._header)
+        return int(kind), int(slot), int(chunk), int(total), int(addr)
+
+    def _read_exact(self, view: memoryview) -> None:
+        try:
+            recv_exact_into(self._in.sock, view)
+        except (OSError, EOFError) as e:
+            raise self._fail(e) from e
+
+    # -- state -------------------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        """The receiving socket: readable once a frame has started to arrive (or on close)."""
+        return self._in.sock.fileno()
+
+    def close(self) -> None:
+        """Close both directions; blocked and later operations raise TransportError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._error is None:
+                self._error = TransportError(f"connection to {self._what} was closed by this rank")
+            pending = [w for w in self._unacked if isinstance(w, ShmWork)]
+            self._unacked.clear()
+            self._lock.notify_all()
+        self._sender.close()
+        self._receiver.close()
+        hard_close(self._out.sock)
+        hard_close(self._in.sock)
+        for work in pending:
+            work.finish(self._closed_error())
+
+    def _closed_error(self) -> TransportError:
+        return TransportError(str(self._error or f"connection to {self._what} is closed"))
+
+    def _malformed(self, problem: str) -> TransportError:
+        return self._fail(f"malformed frame from {self._what}: {problem}")
+
+    def _fail(self, reason: str | BaseException) -> TransportError:
+        """Record why the pair broke, close it, and return the error to raise."""
+        with self._lock:
+            if self._error is None and not self._closed:
+                if isinstance(reason, EOFError):
+                    reason = f"connection to {self._what} closed (peer exited or was killed)"
+                elif isinstance(reason, OSError):
+                    reason = f"connection to {self._what} failed: {reason}"
+                self._error = TransportError(str(reason))
+        self.close()
+        return self._closed_error()
