@@ -46,6 +46,7 @@ the current timeline after the engine thread has stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -62,6 +63,25 @@ log = logging.getLogger(__name__)
 _NEG_START, _RANK_READY, _NEG_END, _START, _ACT_START, _ACT_END, _END, _CYCLE = range(8)
 _PAGE = 4096  # the kernel checks for a fatal signal only between the pages of one write
 _MAX_BATCH = 4096  # queue items per write: a busy engine still sees its events land regularly
+
+
+def _create(path: str, head: bytes) -> int:
+    """Open a write descriptor on a new file at ``path`` that already holds ``head``.
+
+    The file is written under a temporary name and renamed over ``path``, so ``path`` never
+    shows an empty or half-written header (an older file there is replaced in one step).
+    """
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.pwrite(fd, head, 0)
+        os.replace(tmp, path)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return fd
 
 
 class Timeline:
@@ -81,7 +101,6 @@ class Timeline:
         self.mark_cycles = bool(mark_cycles)
         self._flush_interval = flush_interval
         self._t0 = time.perf_counter_ns()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -95,7 +114,7 @@ class Timeline:
             f'"start_time_since_epoch_in_micros":{epoch_us}}}}},\n'
             '{"name":"process_sort_index","ph":"M","pid":0,"args":{"sort_index":0}}\n]'
         ).encode()
-        os.pwrite(self._fd, head, 0)
+        self._fd = _create(self.path, head)
         self._end = len(head) - 1  # offset of the closing bracket
         self._writer = threading.Thread(target=self._run, name="hora-timeline", daemon=True)
         self._writer.start()

@@ -354,7 +354,8 @@ def run_allreduce_bench(
                     continue
                 say(f"[{backend}{tag}] starting {config.np} workers")
                 try:
-                    rows += run_backend(backend, config, tmp, on_row, tag.replace(" #", "."))
+                    found = run_backend(backend, config, tmp, on_row, tag.replace(" #", "."))
+                    rows += [{**row, "round": round_} for row in found]
                 except BackendFailed as e:
                     skipped[backend] = f"failed: {e}"
                     say(f"[{backend}{tag}] failed: {e}")

@@ -178,6 +178,18 @@ def test_close_is_idempotent_from_another_thread_and_drops_later_events(tmp_path
     assert all(r.get("args", {}).get("name") != "late" for r in records)
 
 
+@pytest.mark.timeout(30)
+def test_an_old_file_is_replaced_whole(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text("not json at all " * 1000)
+    tl = Timeline(str(path))
+    try:
+        assert _load(path)[0]["args"]["name"] == "hora"
+    finally:
+        tl.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]
+
+
 def test_bad_arguments_raise_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="non-empty file path"):
         Timeline("")

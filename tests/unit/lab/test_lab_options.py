@@ -138,7 +138,7 @@ def test_bench_parser_has_every_benchmark() -> None:
     parser = argparse.ArgumentParser()
     configure(parser)
     args = parser.parse_args(["allreduce", "--sizes", "4K", "--backends", "gloo"])
-    assert args.benchmark == "allreduce" and set(BENCHMARKS) == {"allreduce"}
+    assert args.benchmark == "allreduce" and "allreduce" in BENCHMARKS
     assert bench.config_from_args(args).sizes == [4096]
 
 

@@ -158,15 +158,29 @@ def test_render_lists_skipped_backends() -> None:
 
 def test_best_of_keeps_the_fastest_round_per_measurement() -> None:
     rounds = [
-        _row("hora", 4096, 3e-4),
-        _row("gloo", 4096, 7e-4),
-        _row("hora", 4096, 1e-4),
-        _row("hora", 4096, 2e-4, case="api"),
-        _row("gloo", 4096, 9e-4),
+        _row("hora", 4096, 3e-4, round=1),
+        _row("gloo", 4096, 7e-4, round=1),
+        _row("hora", 4096, 1e-4, round=2),
+        _row("gloo", 4096, 9e-4, round=2),
     ]
     best = report.best_of(rounds)
-    assert [(r["backend"], r["case"], r["median_s"]) for r in best] == [
-        ("hora", "allreduce", 1e-4),
-        ("gloo", "allreduce", 7e-4),
-        ("hora", "api", 2e-4),
+    assert [(r["backend"], r["median_s"], r["round"]) for r in best] == [
+        ("hora", 1e-4, 2),
+        ("gloo", 7e-4, 1),
+    ]
+
+
+def test_best_of_keeps_paired_measurements_from_one_round() -> None:
+    rounds = [
+        _row("hora", 1 << 20, 3e-3, case="api", round=1),
+        _row("hora", 1 << 20, 0.6e-3, case="direct", round=1),
+        _row("hora", 1 << 20, 1.1e-3, case="api", round=2),
+        _row("hora", 1 << 20, 1.0e-3, case="direct", round=2),
+        _row("hora", 1 << 20, 2e-3, round=1),
+    ]
+    best = report.best_of(rounds)
+    assert sorted((r["case"], r["round"]) for r in best) == [
+        ("allreduce", 1),
+        ("api", 2),
+        ("direct", 2),
     ]
