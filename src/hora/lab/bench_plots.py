@@ -34,13 +34,13 @@ def _figure(width: float, height: float) -> Any:
 def _series(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:
     """(backend, label) -> rows by process count: one server, then across servers per count."""
     out: dict[tuple[str, str], list[Row]] = {}
-    spread = {r["per_server"] for r in rows if r["servers"] > 1}
+    spread = {(r["backend"], r["per_server"]) for r in rows if r["servers"] > 1}
     for r in rows:
         if r["servers"] == 1:
             label = r["backend"] + (", one server" if spread else "")
             out.setdefault((r["backend"], label), []).append(r)
     for r in rows:
-        if r["per_server"] in spread:
+        if (r["backend"], r["per_server"]) in spread:
             label = f"{r['backend']}, {r['per_server']}/server across servers"
             out.setdefault((r["backend"], label), []).append(r)
     return {k: sorted(v, key=lambda r: r["np"]) for k, v in out.items()}

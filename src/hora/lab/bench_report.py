@@ -139,11 +139,11 @@ def intra_table(rows: Sequence[Row], model: str, backends: Sequence[str] = ()) -
 
 
 def inter_table(rows: Sequence[Row], model: str, backends: Sequence[str] = ()) -> Table:
-    """Speedup across servers: for each processes-per-server count used on several servers,
-    its runs from one server up."""
+    """Speedup across servers: for each backend and processes-per-server count that ran on
+    several servers, its runs from one server up."""
     mine = [r for r in derive(rows) if r["model"] == model]
-    spread = {r["per_server"] for r in mine if r["servers"] > 1}
-    chosen = [r for r in mine if r["per_server"] in spread]
+    spread = {(r["backend"], r["per_server"]) for r in mine if r["servers"] > 1}
+    chosen = [r for r in mine if (r["backend"], r["per_server"]) in spread]
     rank = {b: i for i, b in enumerate(backends)}
     chosen.sort(key=lambda r: (rank.get(r["backend"], 99), r["per_server"], r["servers"]))
     return LAB_HEADERS, [_lab_row(r) for r in chosen]

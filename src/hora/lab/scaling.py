@@ -154,7 +154,7 @@ class ScalingConfig:
         self.placements = placements(self.nps, self.hosts)
 
     def batch(self, model: str) -> int:
-        return self.batch_size or DEFAULT_BATCH[model]
+        return DEFAULT_BATCH[model] if self.batch_size is None else self.batch_size
 
     def spec(self, model: str, progress_path: str | None = None) -> TrainSpec:
         return TrainSpec(
