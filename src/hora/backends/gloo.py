@@ -34,15 +34,22 @@ from hora.collectives.reduce_ops import MAX, MIN, PRODUCT, SUM
 
 log = logging.getLogger("hora.backends.gloo")
 
-_TORCH_TYPES: dict[str, torch.dtype] = {
-    "uint8": torch.uint8, "int8": torch.int8, "int32": torch.int32, "int64": torch.int64,
-    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-    "float64": torch.float64, "bool": torch.uint8,
-}  # fmt: skip
-_OPS: dict[int, Any] = {SUM: dist.ReduceOp.SUM, MIN: dist.ReduceOp.MIN, MAX: dist.ReduceOp.MAX,
-        PRODUCT: dist.ReduceOp.PRODUCT}  # fmt: skip
-_BOOL_OPS: dict[int, Any] = {SUM: dist.ReduceOp.MAX, MAX: dist.ReduceOp.MAX, MIN: dist.ReduceOp.MIN,
-             PRODUCT: dist.ReduceOp.MIN}  # fmt: skip
+# what Gloo reduces itself (bool as uint8); int16 and uint16 it cannot
+_GLOO_REDUCES = frozenset(
+    {"uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool"}
+)
+_OPS: dict[int, Any] = {
+    SUM: dist.ReduceOp.SUM,
+    MIN: dist.ReduceOp.MIN,
+    MAX: dist.ReduceOp.MAX,
+    PRODUCT: dist.ReduceOp.PRODUCT,
+}
+_BOOL_OPS: dict[int, Any] = {  # on 0/1 bytes: MAX is or, MIN is and
+    SUM: dist.ReduceOp.MAX,
+    MAX: dist.ReduceOp.MAX,
+    MIN: dist.ReduceOp.MIN,
+    PRODUCT: dist.ReduceOp.MIN,
+}
 
 
 class StoreAdapter(dist.Store):
@@ -118,7 +125,7 @@ class GlooBackend:
 
     # -- collectives ------------------------------------------------------------------------
     def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int) -> None:
-        if dtype not in _TORCH_TYPES:  # int16, uint16
+        if dtype not in _GLOO_REDUCES:  # int16, uint16
             registry.allreduce(comm, buf, dtype, op)
             return
         if buf.size == 0:
@@ -131,7 +138,7 @@ class GlooBackend:
 
     def reducescatterv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
                        counts: list[int], dtype: str, op: int) -> None:  # fmt: skip
-        if dtype not in _TORCH_TYPES:
+        if dtype not in _GLOO_REDUCES:
             registry.reducescatterv_ring(comm, send, recv, counts, dtype, op)
             return
         opts = dist.ReduceScatterOptions()
