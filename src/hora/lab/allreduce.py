@@ -38,7 +38,10 @@ from hora.lab import report
 
 log = logging.getLogger("hora.lab")
 
-BACKENDS = ("hora", "gloo", "mpi")
+BACKENDS = ("hora", "hora-tcp", "gloo", "mpi")
+DEFAULT_BACKENDS = ("hora", "gloo", "mpi")
+# hora's variants: extra environment for its workers (hora-tcp: no shared memory between ranks)
+HORA_VARIANTS: dict[str, dict[str, str]] = {"hora": {}, "hora-tcp": {"HORA_SHM_DISABLE": "1"}}
 DEFAULT_SIZES = [4 * 4**k * 1024 for k in range(0, 9, 2)]  # 4 KiB, 64 KiB, 1 MiB, 16, 256 MiB
 ENGINE_COST_MIN_BYTES = 1 << 20
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -86,7 +89,7 @@ class AllreduceBenchConfig:
     np: int = 2
     sizes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES))
     iters: int | None = None  # None: default_iters(size) per size
-    backends: list[str] = field(default_factory=lambda: list(BACKENDS))
+    backends: list[str] = field(default_factory=lambda: list(DEFAULT_BACKENDS))
     engine_cost: bool = False
     repeat: int = 1  # rounds over all backends; each row keeps its best round
     timeout: float = 600.0  # seconds per backend
@@ -106,11 +109,12 @@ class AllreduceBenchConfig:
         if not self.sizes or not self.backends:
             raise ValueError("give at least one size and one backend")
 
-    def plan(self, out: str) -> dict[str, Any]:
-        """What the workers need: sizes, iterations and warm-up per size, the result file."""
+    def plan(self, out: str, label: str) -> dict[str, Any]:
+        """What ``label``'s workers need: sizes, iterations and warm-up, the result file."""
         iters = [self.iters or default_iters(s) for s in self.sizes]
         resnet = self.iters or default_iters(25_557_032 * 4)
         return {
+            "label": label,
             "sizes": self.sizes,
             "iters": iters,
             "warmup": [warmup_iters(i) for i in iters],
@@ -139,7 +143,7 @@ class BackendFailed(RuntimeError):
 
 def unavailable(backend: str) -> str | None:
     """Why ``backend`` cannot run on this machine, or None when it can."""
-    if backend == "hora":
+    if backend in HORA_VARIANTS:
         return None if importlib.util.find_spec("hora.frameworks.ops") else "hora core missing"
     if backend == "gloo":
         return None if importlib.util.find_spec("torch") else "torch is not installed"
@@ -285,15 +289,16 @@ def run_backend(
     out = os.path.join(tmp, f"{backend}{tag}.jsonl")
     plan_path = os.path.join(tmp, f"{backend}{tag}.plan.json")
     with open(plan_path, "w") as f:
-        json.dump(config.plan(out), f)
+        json.dump(config.plan(out, backend), f)
     server = None
     extra: dict[str, str] = {}
-    if backend == "hora":
+    if backend in HORA_VARIANTS:
         from hora.rendezvous.server import RendezvousServer
 
         secret = secrets.token_bytes(32)
         server = RendezvousServer(secret, host="127.0.0.1")
         extra = {
+            **HORA_VARIANTS[backend],
             "HORA_RENDEZVOUS_ADDR": "127.0.0.1",
             "HORA_RENDEZVOUS_PORT": str(server.start()),
             "HORA_SECRET_KEY": secret.hex(),
@@ -376,7 +381,7 @@ def render(result: BenchResult) -> str:
     lines = [
         result.title(),
         "latency per call after warm-up; busbw = size / p50 * 2(n-1)/n; "
-        "hora/x = hora's busbw over x's",
+        "vs x = this hora row's busbw over x's (above 1: hora is faster)",
         "",
     ]
     if any(r["case"] == "allreduce" for r in result.rows):
@@ -408,8 +413,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backends",
-        default=",".join(BACKENDS),
-        help=f"comma-separated, from {','.join(BACKENDS)} (default all)",
+        default=",".join(DEFAULT_BACKENDS),
+        help=f"comma-separated, from {','.join(BACKENDS)} (default {','.join(DEFAULT_BACKENDS)}); "
+        "hora-tcp is hora with shared memory off",
     )
     parser.add_argument(
         "--engine-cost",

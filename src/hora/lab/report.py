@@ -16,7 +16,7 @@ from typing import Any
 
 Row = dict[str, Any]
 
-HORA = "hora"
+HORA = "hora"  # hora's backends are "hora" and variants named "hora-<variant>"
 CSV_COLUMNS = [
     "backend",
     "case",
@@ -117,6 +117,10 @@ def format_table(headers: Sequence[str], body: Sequence[Sequence[str]], left: in
     return "\n".join([line(headers), rule, *(line(r) for r in body)])
 
 
+def _is_hora(backend: str) -> bool:
+    return backend == HORA or backend.startswith(HORA + "-")
+
+
 def allreduce_table(rows: Sequence[Row]) -> str:
     """Latency and bus bandwidth per size and backend, with hora's bandwidth ratio to the others.
 
@@ -125,10 +129,11 @@ def allreduce_table(rows: Sequence[Row]) -> str:
     """
     main = [r for r in rows if r["case"] == "allreduce"]
     backends = list(dict.fromkeys(r["backend"] for r in main))
-    peers = [b for b in backends if b != HORA] if HORA in backends else []
+    ours = [b for b in backends if _is_hora(b)]
+    peers = [b for b in backends if not _is_hora(b)] if ours else []
     by_key = {(r["size_bytes"], r["backend"]): r for r in main}
     headers = ["size", "backend", "iters", "p50 ms", "p90 ms", "busbw GB/s"]
-    headers += [f"hora/{p}" for p in peers]
+    headers += [f"vs {p}" for p in peers]
     body = []
     for size in sorted({r["size_bytes"] for r in main}):
         first = True
@@ -148,7 +153,7 @@ def allreduce_table(rows: Sequence[Row]) -> str:
                 other = by_key.get((size, p))
                 cells.append(
                     f"{r['busbw_gbps'] / other['busbw_gbps']:.2f}x"
-                    if b == HORA and other is not None
+                    if _is_hora(b) and other is not None
                     else ""
                 )
             body.append(cells)
@@ -157,37 +162,42 @@ def allreduce_table(rows: Sequence[Row]) -> str:
 
 
 def engine_cost_table(rows: Sequence[Row]) -> str:
-    """hora's API against its backend called directly; ResNet-50's tensors against one buffer."""
-    by_key = {(r["case"], r["size_bytes"]): r for r in rows}
+    """Per hora backend: the API against the backend called directly (per size), and ResNet-50's
+    tensors against one buffer of the same total size. A/B is the ratio of the medians."""
+    by_key = {(r["backend"], r["case"], r["size_bytes"]): r for r in rows}
     body = []
-    for size in sorted({r["size_bytes"] for r in rows if r["case"] == "api"}):
-        api, direct = by_key[("api", size)], by_key.get(("direct", size))
-        if direct is None:
-            continue
+
+    def add(backend: str, case: str, a: Row, b: Row, a_label: str, b_label: str) -> None:
+        am, bm = a["median_s"], b["median_s"]
         body.append(
             [
-                f"allreduce {human_size(size)}",
-                "API",
-                "backend direct",
-                f"{api['median_s'] * 1e3:.3f}",
-                f"{direct['median_s'] * 1e3:.3f}",
-                f"{api['median_s'] / direct['median_s']:.3f}",
+                backend,
+                case,
+                a_label,
+                b_label,
+                f"{am * 1e3:.3f}",
+                f"{bm * 1e3:.3f}",
+                f"{am / bm:.3f}",
             ]
         )
-    many = next((r for r in rows if r["case"] == "resnet50"), None)
-    one = next((r for r in rows if r["case"] == "one buffer"), None)
-    if many is not None and one is not None:
-        body.append(
-            [
-                f"ResNet-50 {human_size(many['size_bytes'])}",
-                f"{many['tensors']} tensors",
+
+    for backend, case, size in sorted(by_key, key=lambda k: (k[0], k[2])):
+        a = by_key[(backend, case, size)]
+        if case == "api" and (backend, "direct", size) in by_key:
+            b = by_key[(backend, "direct", size)]
+            add(backend, f"allreduce {human_size(size)}", a, b, "API", "backend direct")
+        elif case == "resnet50" and (backend, "one buffer", size) in by_key:
+            b = by_key[(backend, "one buffer", size)]
+            add(
+                backend,
+                f"ResNet-50 {human_size(size)}",
+                a,
+                b,
+                f"{a['tensors']} tensors",
                 "one buffer",
-                f"{many['median_s'] * 1e3:.3f}",
-                f"{one['median_s'] * 1e3:.3f}",
-                f"{many['median_s'] / one['median_s']:.3f}",
-            ]
-        )
-    return format_table(["case", "A", "B", "A p50 ms", "B p50 ms", "A/B"], body, left=3)
+            )
+    headers = ["backend", "case", "A", "B", "A p50 ms", "B p50 ms", "A/B"]
+    return format_table(headers, body, left=4)
 
 
 def to_csv(rows: Sequence[Row]) -> str:

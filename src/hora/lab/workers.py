@@ -150,7 +150,7 @@ def run_hora(plan: dict[str, Any]) -> None:
     hvd.init()
     try:
         rank, size = hvd.rank(), hvd.size()
-        sink = Sink(plan["out"], rank, "hora")
+        sink = Sink(plan["out"], rank, plan["label"])
 
         def make_call(x: np.ndarray, nbytes: int) -> Call:
             name = f"bench.{nbytes}"
@@ -240,6 +240,7 @@ def run_mpi(plan: dict[str, Any]) -> None:
 
 RUNNERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hora": run_hora,
+    "hora-tcp": run_hora,
     "gloo": run_gloo,
     "mpi": run_mpi,
 }

@@ -47,7 +47,7 @@ def test_default_sizes_are_powers_of_four_from_4k_to_256m() -> None:
 
 def test_parse_backends() -> None:
     assert bench.parse_backends("MPI, gloo,mpi") == ["mpi", "gloo"]
-    with pytest.raises(ValueError, match="choose from hora, gloo, mpi"):
+    with pytest.raises(ValueError, match="choose from hora, hora-tcp, gloo, mpi"):
         bench.parse_backends("hora,nccl")
 
 
@@ -114,11 +114,12 @@ def test_command_returns_2_on_bad_options(capsys: pytest.CaptureFixture[str]) ->
 
 def test_plan_has_one_entry_per_size() -> None:
     cfg = bench.AllreduceBenchConfig(sizes=[4096, 1 << 20], engine_cost=True)
-    plan = cfg.plan("/tmp/out.jsonl")
+    plan = cfg.plan("/tmp/out.jsonl", "hora")
     assert plan["sizes"] == [4096, 1 << 20]
     assert plan["iters"] == [1000, 1000] and plan["warmup"] == [100, 100]
     assert plan["out"] == "/tmp/out.jsonl" and plan["engine_cost"] is True
-    fixed = bench.AllreduceBenchConfig(sizes=[4096], iters=5).plan("x")
+    assert plan["label"] == "hora"
+    fixed = bench.AllreduceBenchConfig(sizes=[4096], iters=5).plan("x", "hora-tcp")
     assert fixed["iters"] == [5] and fixed["resnet_iters"] == 5
 
 

@@ -88,8 +88,10 @@ def test_allreduce_table_aligns_columns_and_shows_ratios() -> None:
         "ms",
         "busbw",
         "GB/s",
-        "hora/gloo",
-        "hora/mpi",
+        "vs",
+        "gloo",
+        "vs",
+        "mpi",
     ]
     assert set(lines[1]) <= {"-", " "}
     widths = {len(line) for line in lines[:2]}
@@ -111,13 +113,30 @@ def test_engine_cost_table() -> None:
             _row("hora", 1 << 20, 1.0e-3, case="direct"),
             _row("hora", 102228128, 0.12, case="resnet50", tensors=161),
             _row("hora", 102228128, 0.10, case="one buffer"),
+            _row("hora-tcp", 1 << 20, 1.5e-3, case="api"),
+            _row("hora-tcp", 1 << 20, 1.2e-3, case="direct"),
         ],
         nranks=2,
     )
-    text = report.engine_cost_table(rows)
-    assert "allreduce 1 MiB" in text and "1.100" in text and "1.000" in text
-    resnet = next(line for line in text.splitlines() if line.startswith("ResNet-50"))
-    assert "161 tensors" in resnet and resnet.split()[-1] == "1.200"
+    lines = report.engine_cost_table(rows).splitlines()
+    assert lines[0].split()[:2] == ["backend", "case"]
+    cells = [line.split() for line in lines[2:]]
+    assert cells[0] == [
+        "hora",
+        "allreduce",
+        "1",
+        "MiB",
+        "API",
+        "backend",
+        "direct",
+        "1.100",
+        "1.000",
+        "1.100",
+    ]
+    assert cells[1][:3] == ["hora", "ResNet-50", "97.49"] and cells[1][-1] == "1.200"
+    assert "161 tensors" in lines[3]
+    assert cells[2][0] == "hora-tcp" and cells[2][-1] == "1.250"
+    assert len(cells) == 3
 
 
 def test_csv_round_trips() -> None:
@@ -152,7 +171,7 @@ def test_render_lists_skipped_backends() -> None:
     )
     text = render(result)
     assert text.startswith("allreduce float32 Sum, np=2, box (2 CPUs)")
-    assert "hora/gloo" in text and "engine cost" not in text
+    assert "vs gloo" in text and "engine cost" not in text
     assert text.rstrip().endswith("skipped mpi: mpi4py is not installed")
 
 

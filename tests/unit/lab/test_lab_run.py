@@ -14,7 +14,7 @@ from hora.lab import allreduce as bench
 
 
 @pytest.mark.timeout(240)
-def test_short_gloo_and_hora_run_from_the_command_line(tmp_path: Path) -> None:
+def test_short_gloo_and_hora_runs_from_the_command_line(tmp_path: Path) -> None:
     out_json, out_csv, out_png = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
     cmd = [
         sys.executable,
@@ -28,7 +28,7 @@ def test_short_gloo_and_hora_run_from_the_command_line(tmp_path: Path) -> None:
         "--iters",
         "5",
         "--backends",
-        "gloo,hora",
+        "gloo,hora,hora-tcp",
         "--timeout",
         "180",
         "--json",
@@ -45,15 +45,15 @@ def test_short_gloo_and_hora_run_from_the_command_line(tmp_path: Path) -> None:
     doc = json.loads(out_json.read_text())
     assert doc["skipped"] == {}
     rows = {(r["backend"], r["size_bytes"]): r for r in doc["rows"]}
-    assert set(rows) == {(b, s) for b in ("gloo", "hora") for s in (4096, 65536)}
+    assert set(rows) == {(b, s) for b in ("gloo", "hora", "hora-tcp") for s in (4096, 65536)}
     for r in rows.values():
         assert r["iters"] == 5 and r["np"] == 2 and r["case"] == "allreduce"
         assert 0 < r["min_s"] <= r["median_s"] <= r["p90_s"]
         assert r["busbw_gbps"] == pytest.approx(r["size_bytes"] / r["median_s"] / 1e9)
     table = proc.stdout.splitlines()
     assert any(line.startswith("64 KiB") for line in table)
-    assert any(line.split()[-1].endswith("x") for line in table if " hora " in line)
-    assert len(out_csv.read_text().splitlines()) == 5
+    assert any(line.split()[-1].endswith("x") for line in table if " hora-tcp " in line)
+    assert len(out_csv.read_text().splitlines()) == 7
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
