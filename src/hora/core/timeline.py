@@ -19,20 +19,21 @@ take a timestamp and put a tuple on a ``queue.SimpleQueue``. A writer thread own
 and ``flush`` may be called from any thread; calls made after ``close`` are ignored, so an engine
 that still holds a closed timeline for the rest of a cycle does no harm.
 
-Valid JSON at every moment. The file always ends with ``]``. Records are written with
-``os.pwrite`` at the offset of that ``]``, as ``,\\n<records>\\n]``: each write replaces the old
-closing bracket and brings its own, so the file is a complete JSON array before and after every
-write, and a process killed between two writes (SIGKILL included) leaves the last complete array.
-The data goes straight to the kernel (no user-space buffer), so it survives the death of the
-process; it is not fsynced, so a crash of the whole machine may lose recent records. Within one
-write, Linux checks for a fatal signal only before each page it copies: a write that ends in the
-page where it starts is done completely or not at all. The writer therefore cuts each batch into
-writes that stay inside one 4 KiB page; only when the next record does not fit in what is left of
-the page does one write (that record and the bracket, about 100-200 bytes) straddle the boundary.
-A SIGKILL arriving while the kernel copies the first part of such a write (well under a
+Valid JSON at every moment. The header is written under a temporary name and renamed over the path,
+so the file never exists without it. From then on the file always ends with ``]``. Records are
+written with ``os.pwrite`` at the offset of that ``]``, as ``,\\n<records>\\n]``: each write
+replaces the old closing bracket and brings its own, so the file is a complete JSON array before
+and after every write, and a process killed between two writes (SIGKILL included) leaves the last
+complete array. The data goes straight to the kernel (no user-space buffer), so it survives the
+death of the process; it is not fsynced, so a crash of the whole machine may lose recent records.
+Within one write, Linux checks for a fatal signal only before each page it copies: a write that
+ends in the page where it starts is done completely or not at all. The writer therefore cuts each
+batch into writes that stay inside one 4 KiB page; only when the next record does not fit in what
+is left of the page does one write (that record and the bracket, about 100-200 bytes) straddle the
+boundary. A SIGKILL arriving while the kernel copies the first part of such a write (well under a
 microsecond, once per 4 KiB of trace) is the one moment that could leave a cut record; nothing
-short of rewriting the whole file and renaming it over the old one closes that window, and the
-cost would grow with the file.
+short of rewriting the whole file and renaming it over the old one closes that window, and the cost
+would grow with the file.
 
 Using it for ``start_timeline`` / ``stop_timeline`` (rank 0 only writes a timeline).
 ``HOROVOD_TIMELINE=<path>`` at ``init()``: the engine builds ``Timeline(path, mark_cycles)``
