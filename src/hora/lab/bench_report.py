@@ -245,8 +245,15 @@ def headline(meta: dict[str, Any]) -> str:
         f"{meta.get('steps')} timed steps after {meta.get('warmup')} warm-up; "
         f"{meta.get('threads')} torch thread(s) per process. Step time: mean ± standard "
         "deviation over steps (a step lasts as long as its slowest rank); comm wait: share of a "
-        "step spent in optimizer.synchronize() after backward"
+        "step spent in optimizer.synchronize() after backward" + _load_note(meta)
     )
+
+
+def _load_note(meta: dict[str, Any]) -> str:
+    before, after = meta.get("load_before"), meta.get("load_after")
+    if not before or not after:
+        return ""
+    return f". Load average (1 min) of this host: {before[0]:g} before, {after[0]:g} after"
 
 
 def render_text(result: ScalingResult) -> str:

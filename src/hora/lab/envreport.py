@@ -256,10 +256,12 @@ def collect() -> dict[str, str]:
 
 
 def environment_table(hosts: Sequence[dict[str, str]]) -> tuple[list[str], list[list[str]]]:
-    """(headers, body): one row per item of :data:`ROWS`, one value column per server."""
+    """(headers, body): one row per item of :data:`ROWS`, one value column per server (named
+    by its ``server`` entry, the name the run was given, else its host name)."""
     if not hosts:
         raise ValueError("no environment to show: give at least one host's collect() result")
-    headers = ["", "item", *(["value"] if len(hosts) == 1 else [h["host"] for h in hosts])]
+    names = [h.get("server", h.get("host", "?")) for h in hosts]
+    headers = ["", "item", *(["value"] if len(hosts) == 1 else names)]
     body = []
     for i, (section, label, key) in enumerate(ROWS):
         first = i == 0 or ROWS[i - 1][0] != section

@@ -282,17 +282,23 @@ def collect_environment(config: ScalingConfig) -> list[dict[str, str]]:
 
     names = list(dict.fromkeys(h for p in config.placements for h in p.hosts))
     if not names or all(is_local_host(n) for n in names):
-        return [envreport.collect()]
+        return [{**envreport.collect(), "server": names[0] if names else "localhost"}]
     import hora
 
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-        return list(
+        found = list(
             hora.run(
                 envreport.collect, np=len(names), hosts=",".join(f"{n}:1" for n in names),
                 env=_worker_env(), start_timeout=config.start_timeout, ssh_port=config.ssh_port,
                 ssh_identity_file=config.ssh_identity_file, ssh_config_file=config.ssh_config_file,
             )
         )  # fmt: skip
+    return [{**env, "server": name} for env, name in zip(found, names)]
+
+
+def _load() -> list[float]:
+    """This host's 1, 5 and 15 minute load averages: how busy it was besides the benchmark."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _done_line(row: Row, base: float | None) -> str:
@@ -324,6 +330,7 @@ def run_scaling(config: ScalingConfig, stream: TextIO | None = None) -> ScalingR
         "steps": config.steps,
         "warmup": config.warmup,
         "threads": config.threads,
+        "load_before": _load(),
     }
     environment = collect_environment(config)
     rows: list[Row] = []
@@ -353,6 +360,7 @@ def run_scaling(config: ScalingConfig, stream: TextIO | None = None) -> ScalingR
                         None,
                     )  # fmt: skip
                     progress.line(_done_line(row, base))
+    meta["load_after"] = _load()
     result = ScalingResult(meta, environment, rows, skipped, failed)
     if config.out:
         for path in bench_report.save(result, config.out):
