@@ -147,6 +147,8 @@ def test_environment_table_has_the_labs_rows_and_a_column_per_server() -> None:
     hosts = [{k: f"{k}-{h}" for _, _, k in envreport.ROWS} | {"host": h} for h in ("alpha", "beta")]
     headers, body = envreport.environment_table(hosts)
     assert headers == ["", "item", "alpha", "beta"]
+    named = envreport.environment_table([hosts[0] | {"server": "hostA"}, hosts[1]])
+    assert named[0] == ["", "item", "hostA", "beta"]
     labels = [row[1] for row in body]
     for label in ("servers", "CPU model", "GPU model and count", "GPU interconnect",
                   "NICs (model, speed)", "OS", "GPU driver", "framework", "CUDA", "NCCL", "MPI",

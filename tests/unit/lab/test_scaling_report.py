@@ -141,6 +141,10 @@ def test_text_and_markdown_show_every_section_and_the_notes() -> None:
                   "Environment", "skipped nccl: needs an NVIDIA GPU", "failed cnn mpi 1x2: boom"):  # fmt: skip  # noqa: E501
         assert title in text
     assert "Speedup across servers: lstm" not in text
+    assert "Load average" not in text
+    loaded = _result()
+    loaded.meta.update(load_before=[1.5, 1, 1], load_after=[2.25, 1, 1])
+    assert "Load average (1 min) of this host: 1.5 before, 2.25 after" in br.render_text(loaded)
     md = br.render_markdown(result)
     assert "## Speedup inside one server: cnn" in md
     assert "| native | 1 | 2 | 125.0 ± 12.5 | 160.0 | 1.60 | 80% | 30% |" in md
