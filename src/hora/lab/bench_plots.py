@@ -50,18 +50,21 @@ def plot_scaling(result: ScalingResult, model: str, path: str | Path) -> None:
     rows = [r for r in derive(result.rows) if r["model"] == model]
     if not rows:
         raise ValueError(f"no results for model {model!r} to plot")
-    fig = _figure(11, 4.6)
+    fig = _figure(11, 5.6)
     thr, spd = fig.subplots(1, 2)
     counts = sorted({r["np"] for r in rows})
     for (backend, label), mine in _series(rows).items():
-        style = ":" if label.endswith("across servers") else "-"
+        across = label.endswith("across servers")
+        style, marker = (":", "s") if across else ("-", "o")
         color = COLORS.get(backend)
         x = [r["np"] for r in mine]
-        thr.plot(x, [r["throughput"] for r in mine], style, marker="o", color=color, label=label)
+        thr.plot(x, [r["throughput"] for r in mine], style, marker=marker, color=color, label=label)
         if all(r["speedup"] is not None for r in mine):
-            spd.plot(x, [r["speedup"] for r in mine], style, marker="o", color=color, label=label)
+            spd.plot(
+                x, [r["speedup"] for r in mine], style, marker=marker, color=color, label=label
+            )
         base = next((r["throughput"] for r in mine if r["np"] == 1), None)
-        if base is not None and style == "-":
+        if base is not None and not across:
             thr.plot(
                 counts,
                 [base * n for n in counts],
@@ -82,7 +85,7 @@ def plot_scaling(result: ScalingResult, model: str, path: str | Path) -> None:
         ax.set_xticks(counts)
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     fig.tight_layout()
     fig.savefig(path, format="png")
 
