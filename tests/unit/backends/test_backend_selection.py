@@ -1,0 +1,66 @@
+"""Which backend the settings choose, and what a chosen backend says when it cannot run here."""
+
+from __future__ import annotations
+
+import pytest
+
+from hora.backends import registry
+from hora.backends.registry import BackendContext
+from hora.settings import load
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, "native"),
+        ({"HOROVOD_CPU_OPERATIONS": "gloo"}, "gloo"),
+        ({"HORA_CPU_OPERATIONS": "MPI"}, "mpi"),
+        ({"HOROVOD_CONTROLLER": "gloo"}, "gloo"),
+        ({"HOROVOD_CPU_OPERATIONS": "tcp"}, "native"),
+        ({"HOROVOD_GPU_OPERATIONS": "nccl"}, "nccl"),
+        ({"HOROVOD_GPU_ALLREDUCE": "NCCL"}, "nccl"),
+        ({"HOROVOD_GPU_OPERATIONS": "mpi"}, "mpi"),
+        # a named CPU backend runs everything: CUDA tensors reach it staged through host memory
+        ({"HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GPU_OPERATIONS": "nccl"}, "gloo"),
+        ({"HOROVOD_CONTROLLER": "mpi", "HOROVOD_GPU_ALLREDUCE": "NCCL"}, "mpi"),
+    ],
+)
+def test_select(env: dict[str, str], want: str) -> None:
+    assert registry.select(load(env)) == want
+
+
+def test_unknown_backend_names_what_there_is() -> None:
+    with pytest.raises(ValueError, match="'ccl': unsupported backend.*gloo, mpi, native, nccl"):
+        registry.select(load({"HOROVOD_CPU_OPERATIONS": "ccl"}))
+
+
+def _ctx() -> BackendContext:
+    return BackendContext(0, 1, 0, 1, 0, 1, load({}))
+
+
+def test_nccl_without_gpu_says_so() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; the error is for machines without one")
+    with pytest.raises(ValueError, match="NCCL backend needs an NVIDIA GPU"):
+        registry.create("nccl", _ctx())
+
+
+@pytest.mark.timeout(60)
+def test_optional_dependencies_load_only_with_their_backend() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hora\n"
+        "from hora.backends import registry\n"
+        "from hora.settings import load\n"
+        "before = [m for m in ('torch', 'mpi4py') if m in sys.modules]\n"
+        "ctx = registry.BackendContext(0, 1, 0, 1, 0, 1, load({}))\n"
+        "registry.create('gloo', ctx).close()\n"
+        "print(before, 'torch' in sys.modules, 'mpi4py' in sys.modules)\n"
+    )
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "True", "False"], out.stdout
