@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hora.lab.bench_report import Row, ScalingResult, derive
+from hora.lab.bench_report import Row, ScalingResult, config_key, derive
 
 COLORS = {"native": "tab:blue", "gloo": "tab:orange", "mpi": "tab:green", "nccl": "tab:red"}
 PHASE_COLORS = {"compute": "tab:blue", "comm wait": "tab:red", "data": "tab:gray"}
@@ -143,11 +143,8 @@ def plot_breakdown(result: ScalingResult, path: str | Path) -> None:
 def plot_compare(
     a: ScalingResult, b: ScalingResult, path: str | Path, names: Sequence[str] = ("A", "B")
 ) -> None:
-    theirs = {(r["model"], r["backend"], r["servers"], r["per_server"]): r for r in b.rows}
-    pairs = [
-        (r, theirs.get((r["model"], r["backend"], r["servers"], r["per_server"]))) for r in a.rows
-    ]
-    pairs = [(r, o) for r, o in pairs if o is not None]
+    theirs = {config_key(r): r for r in b.rows}
+    pairs = [(r, theirs[config_key(r)]) for r in a.rows if config_key(r) in theirs]
     if not pairs:
         raise ValueError("the two results have no configuration in common")
     fig = _figure(max(6.0, 0.7 * len(pairs) + 2), 4.6)

@@ -170,21 +170,22 @@ def model_table(rows: Sequence[Row], backends: Sequence[str] = ()) -> Table:
     return headers, body
 
 
-def _key(r: Row) -> tuple[str, str, int, int]:
+def config_key(r: Row) -> tuple[str, str, int, int]:
+    """What identifies a configuration across runs: model, backend, servers, per server."""
     return r["model"], r["backend"], r["servers"], r["per_server"]
 
 
 def compare_table(a: ScalingResult, b: ScalingResult, fail_below: float = 0.0) -> tuple[Table, int]:
     """Configurations present in both results side by side; the second's throughput over the
     first's. Also returns how many ratios fell below ``fail_below``."""
-    theirs = {_key(r): r for r in b.rows}
+    theirs = {config_key(r): r for r in b.rows}
     headers = [
         "model", "backend", "servers", "processes/server", "A step (ms)", "B step (ms)",
         "A samples/s", "B samples/s", "B/A throughput", "",
     ]  # fmt: skip
     body, below = [], 0
     for r in a.rows:
-        o = theirs.get(_key(r))
+        o = theirs.get(config_key(r))
         if o is None:
             continue
         ratio = o["throughput"] / r["throughput"]

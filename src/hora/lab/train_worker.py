@@ -104,7 +104,7 @@ def build(spec: TrainSpec, rank: int, size: int) -> tuple[Any, Batches, Callable
 
         example = load_example(spec, "mnist")
         train_set, _, _ = example.load_data(spec.data_dir)
-        sampler = DistributedSampler(train_set, num_replicas=size, rank=rank)
+        sampler: DistributedSampler[Any] = DistributedSampler(train_set, size, rank)
         loader = DataLoader(train_set, batch_size=spec.batch_size, sampler=sampler, drop_last=True)
         return example.Net(), _cycle(loader, sampler), F.nll_loss
 
@@ -164,9 +164,9 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
     try:
         rank, size = hvd.rank(), hvd.size()
         model, next_batch, loss_fn = build(spec, rank, size)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
         phases: dict[str, list[float]] = {k: [] for k in ("data", "compute", "wait", "update")}
         total = spec.warmup + spec.steps
         for i in range(total):
