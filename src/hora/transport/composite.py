@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hora.errors import HoraError, TransportError
-from hora.transport.base import DATA, Pair, Transport
+from hora.transport.base import DATA, Pair
 from hora.transport.shm import ShmTransport
 from hora.transport.shm import available as shm_available
+from hora.transport.tcp import TcpTransport
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class HostTransport:
 
     def __init__(
         self,
-        tcp: Transport,
+        tcp: TcpTransport,
         store: Store,
         prefix: str,
         hostname: str,
@@ -80,6 +81,11 @@ class HostTransport:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        """Where the TCP transport listens (host, port)."""
+        return self._tcp.listen_address
 
     def _key(self, rank: int) -> str:
         return f"{self._prefix}/host/{rank}"
@@ -129,7 +135,7 @@ class HostTransport:
 
 
 def host_transport(
-    tcp: Transport,
+    tcp: TcpTransport,
     store: Store,
     prefix: str,
     secret: bytes,
