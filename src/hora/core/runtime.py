@@ -71,9 +71,13 @@ class Runtime:
         timeout = settings.gloo_timeout_seconds
         self.store = StoreClient(ident.rendezvous_addr, ident.rendezvous_port, ident.secret,
                                  timeout=timeout)
-        return TcpTransport(ident.rank, ident.size, ident.secret, self.store,
-                            prefix=f"hora/{generation}", iface=settings.gloo_iface,
-                            connect_timeout=timeout)
+        tcp = TcpTransport(ident.rank, ident.size, ident.secret, self.store,
+                           prefix=f"hora/{generation}", iface=settings.gloo_iface,
+                           connect_timeout=timeout)
+        from hora.transport.composite import host_transport
+
+        return host_transport(tcp, self.store, f"hora/{generation}", ident.secret,
+                              ident.hostname, settings.shm_disable, timeout)
 
     def close(self) -> None:
         self.engine.shutdown()
