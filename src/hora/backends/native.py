@@ -5,25 +5,38 @@ Stateless apart from the transport it was given; called from the engine thread o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from hora.backends.base import SetComm
-from hora.collectives import registry
+from hora.collectives import hierarchical, registry
+
+if TYPE_CHECKING:
+    from hora.backends.registry import BackendContext
 
 
 class NativeBackend:
     name = "TCP"
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: BackendContext | None = None) -> None:
         # one scratch area for every reduction, instead of an allocation per call
         self._scratch = np.empty(registry.SCRATCH_BYTES, dtype=np.uint8)
+        knobs = ctx.settings if ctx is not None else None
+        # torus allreduce is accepted and runs as hierarchical
+        self._hier_allreduce = knobs is not None and (knobs.hierarchical_allreduce
+                                                      or knobs.torus_allreduce)
+        self._hier_allgather = knobs is not None and knobs.hierarchical_allgather
 
     def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int) -> None:
-        registry.allreduce(comm, buf, dtype, op, scratch=self._scratch)
+        # host-aware: shared memory inside a host, hierarchical across hosts, else flat
+        hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
+                               hierarchical=self._hier_allreduce, scratch=self._scratch)
 
     def allgatherv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
                    counts: list[int]) -> None:
-        registry.allgatherv_ring(comm, send, recv, counts)
+        hierarchical.allgatherv(comm, send, recv, counts, hierarchical.layout_of(comm),
+                                hierarchical=self._hier_allgather)
 
     def broadcast(self, comm: SetComm, buf: np.ndarray, root: int) -> None:
         registry.broadcast_tree(comm, buf, root)

@@ -1,0 +1,333 @@
+"""Host-aware allreduce and allgather: shared memory inside a host, one rank per host across.
+
+A :class:`HostLayout` says which host each group rank is on (the transport knows it from the
+rendezvous store) and whether the ranks of this host reach each other over shared memory.
+
+* **One host, shared memory** (:func:`allreduce_direct`): every rank sends each other rank the
+  block that rank owns, reduces the blocks it receives into its own block as they arrive
+  (``recv_reduce``: pulled straight from the sender's memory, in cache-sized pieces), then sends
+  its reduced block to every rank. Each byte crosses once per phase with no forwarding, and a
+  block is reduced by one rank only, so every rank ends with the same bits.
+* **Several hosts** (:func:`allreduce_hierarchical`): reduce inside each host into the lowest
+  rank of the host (the local leader), allreduce across hosts between the leaders only,
+  then send the result to the other ranks of each host. :func:`allgatherv_hierarchical`
+  gathers inside each host at the leader, allgathers the hosts' parts between the leaders,
+  and shares the whole result inside each host.
+
+:func:`allreduce` / :func:`allgatherv` choose: hierarchical when asked
+(``HOROVOD_HIERARCHICAL_ALLREDUCE`` / ``_ALLGATHER``, or ``HOROVOD_TORUS_ALLREDUCE``) or, for
+buffers above the small-message threshold, when the group spans several hosts and some host
+holds several of its ranks; the direct allreduce for large buffers of a one-host group over
+shared memory; else the flat algorithms of :mod:`~hora.collectives.registry`. The choice is
+logged at debug level, once per layout and kind.
+
+Runs on the calling (engine) thread; thread-safe for distinct Comms and buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from hora.collectives import registry
+from hora.collectives.base import Comm, as_bytes, check_buffer, offsets_of, split_even
+from hora.collectives.reduce_ops import Reducer, reducer
+from hora.transport.base import Pair, Work
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ReducingPair(Protocol):
+    """A Pair that can fold an incoming frame into a typed buffer (the shared-memory pair)."""
+
+    def recv_reduce(self, buf: np.ndarray, reduce: Reducer, scratch: np.ndarray) -> None: ...
+
+
+class HostAware(Protocol):
+    """What :func:`layout_of` needs from a backend's communicator (``backends.base.SetComm``)."""
+
+    ranks: list[int]
+    rank: int
+    transport: Any
+    cache: dict[str, Any]
+
+
+@dataclass
+class HostLayout:
+    """Where the ranks of a group live: ``hosts[i]`` numbers group rank ``i``'s host."""
+
+    hosts: tuple[int, ...]
+    rank: int
+    shared: bool = False  # this host's ranks reach each other over shared memory
+    logged: set[str] = field(default_factory=set)
+
+    @property
+    def local(self) -> list[int]:
+        """Group ranks on this rank's host, ascending; the first is the host's leader."""
+        mine = self.hosts[self.rank]
+        return [i for i, h in enumerate(self.hosts) if h == mine]
+
+    @property
+    def leaders(self) -> list[int]:
+        """The lowest group rank of every host, ascending."""
+        first: dict[int, int] = {}
+        for i, h in enumerate(self.hosts):
+            first.setdefault(h, i)
+        return sorted(first.values())
+
+    @property
+    def multi_host(self) -> bool:
+        return len(set(self.hosts)) > 1
+
+    @property
+    def max_local(self) -> int:
+        return max(self.hosts.count(h) for h in set(self.hosts))
+
+
+def layout_of(comm: HostAware) -> HostLayout | None:
+    """The layout of a process set, from its transport's host table (cached in ``comm.cache``).
+
+    None when the transport does not know hosts (a plain TCP or loopback transport).
+    """
+    key = "hierarchical.layout"
+    if key not in comm.cache:
+        host_ids = getattr(comm.transport, "host_ids", None)
+        layout = None
+        if host_ids is not None:
+            layout = HostLayout(tuple(host_ids(comm.ranks)), comm.rank)
+            peers = [comm.ranks[i] for i in layout.local if i != comm.rank]
+            layout.shared = bool(peers) and all(comm.transport.shares_memory(p) for p in peers)
+            log.debug("hosts of the set %s: %s", comm.ranks, list(layout.hosts))
+        comm.cache[key] = layout
+    found: HostLayout | None = comm.cache[key]
+    return found
+
+
+class SubComm:
+    """The group ranks ``members`` (ascending, including the caller) of ``comm``, as a Comm."""
+
+    def __init__(self, comm: Comm, members: Sequence[int]) -> None:
+        self._comm = comm
+        self._members = list(members)
+        self.rank = self._members.index(comm.rank)
+        self.size = len(self._members)
+
+    def pair(self, peer: int) -> Pair:
+        return self._comm.pair(self._members[peer])
+
+
+def _note(layout: HostLayout, kind: str, choice: str) -> None:
+    if f"{kind}:{choice}" not in layout.logged:
+        layout.logged.add(f"{kind}:{choice}")
+        hosts = len(set(layout.hosts))
+        log.debug(
+            "%s: %s (%d hosts, up to %d ranks per host)", kind, choice, hosts, layout.max_local
+        )
+
+
+def allreduce(
+    comm: Comm,
+    buf: np.ndarray,
+    dtype: str,
+    op: int,
+    layout: HostLayout | None,
+    *,
+    hierarchical: bool = False,
+    scratch: np.ndarray | None = None,
+) -> None:
+    """Reduce ``buf`` in place across the group, choosing the algorithm (see module doc)."""
+    check_buffer(buf, dtype)
+    reduce = reducer(op, dtype)
+    if comm.size == 1 or buf.size == 0:
+        return
+    large = buf.nbytes > registry.SMALL_THRESHOLD
+    if layout is not None and layout.multi_host:
+        if hierarchical or (large and layout.max_local > 1):
+            _note(layout, "allreduce", "hierarchical" if hierarchical else "hierarchical (auto)")
+            allreduce_hierarchical(comm, buf, dtype, op, layout, scratch=scratch)
+            return
+    elif layout is not None and layout.shared and large:
+        _note(layout, "allreduce", "direct over shared memory")
+        allreduce_direct(comm, buf, reduce, scratch=scratch)
+        return
+    registry.allreduce(comm, buf, dtype, op, scratch=scratch)
+
+
+def allgatherv(
+    comm: Comm,
+    send: np.ndarray,
+    recv: np.ndarray,
+    counts: Sequence[int],
+    layout: HostLayout | None,
+    *,
+    hierarchical: bool = False,
+) -> None:
+    """Gather every rank's ``send`` into ``recv`` in rank order, choosing the algorithm."""
+    big = recv.nbytes > registry.SMALL_THRESHOLD
+    if (
+        layout is not None
+        and layout.multi_host
+        and (hierarchical or (big and layout.max_local > 1))
+    ):
+        _note(layout, "allgather", "hierarchical" if hierarchical else "hierarchical (auto)")
+        allgatherv_hierarchical(comm, send, recv, counts, layout)
+    else:
+        registry.allgatherv_ring(comm, send, recv, counts)
+
+
+def recv_reduce(pair: Pair, buf: np.ndarray, reduce: Reducer, scratch: np.ndarray | None) -> None:
+    """Receive ``buf.nbytes`` from ``pair`` and fold them into ``buf`` with ``reduce``."""
+    if isinstance(pair, ReducingPair) and scratch is not None:
+        pair.recv_reduce(buf, reduce, scratch)
+        return
+    if scratch is not None and scratch.nbytes >= buf.nbytes:
+        tmp = scratch.reshape(-1).view(np.uint8)[: buf.nbytes].view(buf.dtype)
+    else:
+        tmp = np.empty_like(buf)
+    pair.recv_into(as_bytes(tmp))
+    reduce(buf, tmp)
+
+
+def _blocks(buf: np.ndarray, n: int) -> list[np.ndarray]:
+    bounds = offsets_of(split_even(buf.size, n))
+    return [buf[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
+def _reduce_scatter(
+    comm: Comm, blocks: list[np.ndarray], reduce: Reducer, scratch: np.ndarray | None
+) -> list[Work]:
+    """Direct reduce-scatter: block ``i`` of every rank is reduced into rank ``i``'s block."""
+    n, me = comm.size, comm.rank
+    sends = [
+        comm.pair(j).isend(as_bytes(blocks[j]))
+        for j in ((me + k) % n for k in range(1, n))
+        if blocks[j].size
+    ]
+    if blocks[me].size:
+        for k in range(1, n):
+            recv_reduce(comm.pair((me - k) % n), blocks[me], reduce, scratch)
+    return sends
+
+
+def allreduce_direct(
+    comm: Comm, buf: np.ndarray, reduce: Reducer, *, scratch: np.ndarray | None = None
+) -> None:
+    """Direct reduce-scatter then direct allgather of ``buf``, in place (see module doc)."""
+    n, me = comm.size, comm.rank
+    blocks = _blocks(buf, n)
+    sends = _reduce_scatter(comm, blocks, reduce, scratch)
+    if blocks[me].size:
+        sends += [comm.pair((me + k) % n).isend(as_bytes(blocks[me])) for k in range(1, n)]
+    for k in range(1, n):
+        j = (me - k) % n
+        if blocks[j].size:
+            comm.pair(j).recv_into(as_bytes(blocks[j]))
+    for work in sends:
+        work.wait()
+
+
+def _share(local: SubComm, buf: np.ndarray) -> None:
+    """The leader (local rank 0) sends ``buf`` to every other rank of the host."""
+    raw = as_bytes(buf)
+    if local.rank != 0:
+        local.pair(0).recv_into(raw)
+        return
+    sends = [local.pair(j).isend(raw) for j in range(1, local.size)]
+    for work in sends:
+        work.wait()
+
+
+def allreduce_hierarchical(
+    comm: Comm,
+    buf: np.ndarray,
+    dtype: str,
+    op: int,
+    layout: HostLayout,
+    *,
+    scratch: np.ndarray | None = None,
+) -> None:
+    """Reduce inside each host into its leader, allreduce across leaders, share inside hosts."""
+    check_buffer(buf, dtype)
+    reduce = reducer(op, dtype)
+    local = SubComm(comm, layout.local)
+    if local.size > 1:
+        blocks = _blocks(buf, local.size)
+        sends = _reduce_scatter(local, blocks, reduce, scratch)
+        if local.rank == 0:
+            for j in range(1, local.size):
+                if blocks[j].size:
+                    local.pair(j).recv_into(as_bytes(blocks[j]))
+        elif blocks[local.rank].size:
+            sends.append(local.pair(0).isend(as_bytes(blocks[local.rank])))
+        for work in sends:
+            work.wait()
+    if local.rank == 0:
+        leaders = SubComm(comm, layout.leaders)
+        registry.allreduce(leaders, buf, dtype, op, scratch=scratch)
+    if local.size > 1:
+        _share(local, buf)
+
+
+def allgatherv_hierarchical(
+    comm: Comm,
+    send: np.ndarray,
+    recv: np.ndarray,
+    counts: Sequence[int],
+    layout: HostLayout,
+) -> None:
+    """Gather at each host's leader, allgather hosts' parts across leaders, share in hosts."""
+    check_buffer(recv, None, "recv")
+    if len(counts) != comm.size or sum(counts) != recv.size or send.size != counts[comm.rank]:
+        raise ValueError(
+            f"counts {list(counts)} must give each of {comm.size} ranks its part of recv "
+            f"({recv.size} elements; this rank sends {send.size})"
+        )
+    bounds = offsets_of(counts)
+    local = SubComm(comm, layout.local)
+    me = comm.rank
+    if local.rank != 0:
+        if send.size:
+            local.pair(0).send(as_bytes(np.ascontiguousarray(send).reshape(-1)))
+    else:
+        np.copyto(recv[bounds[me] : bounds[me + 1]], send.reshape(-1))
+        for i, j in enumerate(layout.local[1:], start=1):
+            if counts[j]:
+                local.pair(i).recv_into(as_bytes(recv[bounds[j] : bounds[j + 1]]))
+        _across_leaders(comm, recv, counts, layout)
+    if local.size > 1:
+        _share(local, recv)
+
+
+def _across_leaders(
+    comm: Comm, recv: np.ndarray, counts: Sequence[int], layout: HostLayout
+) -> None:
+    """Allgather of every host's parts between the leaders (packed by host when needed)."""
+    leaders = SubComm(comm, layout.leaders)
+    order = sorted(range(comm.size), key=lambda r: (layout.leaders.index(_leader(layout, r)), r))
+    host_counts = [
+        sum(counts[r] for r in range(comm.size) if _leader(layout, r) == lead)
+        for lead in layout.leaders
+    ]
+    bounds = offsets_of(counts)
+    if order == list(range(comm.size)):
+        hb = offsets_of(host_counts)
+        mine = recv[hb[leaders.rank] : hb[leaders.rank + 1]]
+        registry.allgatherv_ring(leaders, mine, recv, host_counts)
+        return
+    packed = np.concatenate([recv[bounds[r] : bounds[r + 1]] for r in order])
+    hb = offsets_of(host_counts)
+    mine = packed[hb[leaders.rank] : hb[leaders.rank + 1]].copy()
+    registry.allgatherv_ring(leaders, mine, packed, host_counts)
+    pos = 0
+    for r in order:
+        recv[bounds[r] : bounds[r + 1]] = packed[pos : pos + counts[r]]
+        pos += counts[r]
+
+
+def _leader(layout: HostLayout, r: int) -> int:
+    return layout.hosts.index(layout.hosts[r])
