@@ -59,9 +59,14 @@ class RankResult:
         return self.status == "ok"
 
 
-def spawn_ranks(fn: Callable[..., Any], np: int, args: tuple[Any, ...] = (),
-                timeout: float = 60.0, env: dict[str, str] | None = None,
-                local_size: int | None = None) -> list[RankResult]:
+def spawn_ranks(
+    fn: Callable[..., Any],
+    np: int,
+    args: tuple[Any, ...] = (),
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    local_size: int | None = None,
+) -> list[RankResult]:
     mod = sys.modules.get(fn.__module__)
     if mod is not None and fn.__module__ not in ("__main__",) and "hora" not in fn.__module__:
         cloudpickle.register_pickle_by_value(mod)
@@ -78,23 +83,35 @@ def spawn_ranks(fn: Callable[..., Any], np: int, args: tuple[Any, ...] = (),
     try:
         for r in range(np):
             e = dict(os.environ)
-            e.update({
-                "HORA_RANK": str(r), "HORA_SIZE": str(np),
-                "HORA_LOCAL_RANK": str(r % local_size), "HORA_LOCAL_SIZE": str(local_size),
-                "HORA_CROSS_RANK": str(r // local_size),
-                "HORA_CROSS_SIZE": str((np + local_size - 1) // local_size),
-                "HORA_RENDEZVOUS_ADDR": "127.0.0.1", "HORA_RENDEZVOUS_PORT": str(port),
-                "HORA_SECRET_KEY": secret.hex(), "OMP_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1",
-                # a test that hangs fails fast, naming the missing ranks
-                "HORA_STALL_CHECK_TIME_SECONDS": "10",
-                "HORA_STALL_SHUTDOWN_TIME_SECONDS": "30",
-            })
+            e.update(
+                {
+                    "HORA_RANK": str(r),
+                    "HORA_SIZE": str(np),
+                    "HORA_LOCAL_RANK": str(r % local_size),
+                    "HORA_LOCAL_SIZE": str(local_size),
+                    "HORA_CROSS_RANK": str(r // local_size),
+                    "HORA_CROSS_SIZE": str((np + local_size - 1) // local_size),
+                    "HORA_RENDEZVOUS_ADDR": "127.0.0.1",
+                    "HORA_RENDEZVOUS_PORT": str(port),
+                    "HORA_SECRET_KEY": secret.hex(),
+                    "OMP_NUM_THREADS": "1",
+                    "PYTHONUNBUFFERED": "1",
+                    # a test that hangs fails fast, naming the missing ranks
+                    "HORA_STALL_CHECK_TIME_SECONDS": "10",
+                    "HORA_STALL_SHUTDOWN_TIME_SECONDS": "30",
+                }
+            )
             e.update(env or {})
             err = open(f"{path}.{r}.stderr", "wb")  # noqa: SIM115 - closed below
             errs.append(err)
-            procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, path], env=e,
-                                          stdout=subprocess.DEVNULL, stderr=err))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _WORKER, path],
+                    env=e,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
+            )
         deadline = time.monotonic() + timeout
         for p in procs:
             left = deadline - time.monotonic()
@@ -128,14 +145,22 @@ def spawn_ranks(fn: Callable[..., Any], np: int, args: tuple[Any, ...] = (),
     return results
 
 
-def run_ranks(fn: Callable[..., Any], np: int, args: tuple[Any, ...] = (),
-              timeout: float = 60.0, env: dict[str, str] | None = None,
-              local_size: int | None = None) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any],
+    np: int,
+    args: tuple[Any, ...] = (),
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    local_size: int | None = None,
+) -> list[Any]:
     """Like :func:`spawn_ranks`, but every rank must succeed; returns their values."""
     results = spawn_ranks(fn, np, args, timeout, env, local_size)
     bad = [r for r in results if not r.ok]
     if bad:
-        lines = [f"rank {r.rank}: {r.status} (exit {r.returncode})\n{r.value or ''}\n"
-                 f"stderr:\n{r.stderr[-3000:]}" for r in bad]
+        lines = [
+            f"rank {r.rank}: {r.status} (exit {r.returncode})\n{r.value or ''}\n"
+            f"stderr:\n{r.stderr[-3000:]}"
+            for r in bad
+        ]
         raise AssertionError("ranks failed:\n" + "\n".join(lines))
     return [r.value for r in results]

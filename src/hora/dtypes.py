@@ -10,8 +10,17 @@ from __future__ import annotations
 import numpy as np
 
 DTYPES: tuple[str, ...] = (
-    "uint8", "int8", "uint16", "int16", "int32", "int64",
-    "float16", "bfloat16", "float32", "float64", "bool",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "bool",
 )
 
 try:  # optional

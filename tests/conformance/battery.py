@@ -14,8 +14,19 @@ from typing import Any
 
 import numpy as np
 
-DTYPES = ["uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bfloat16",
-          "float32", "float64", "bool"]
+DTYPES = [
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "bool",
+]
 N = 37  # odd, not a multiple of any world size tested
 
 
@@ -63,8 +74,13 @@ def _close(got: np.ndarray, want: np.ndarray, dtype: str) -> None:
 
 
 def check_allreduce_all_dtypes_ops(hvd: Any, rank: int, size: int) -> None:
-    ops = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
-           "product": hvd.Product}
+    ops = {
+        "sum": hvd.Sum,
+        "average": hvd.Average,
+        "min": hvd.Min,
+        "max": hvd.Max,
+        "product": hvd.Product,
+    }
     for dtype in DTYPES:
         for opname, op in ops.items():
             if dtype == "bool" and opname == "average":
@@ -83,8 +99,11 @@ def check_allreduce_scaling_and_shapes(hvd: Any, rank: int, size: int) -> None:
     s = hvd.allreduce(np.float64(rank), op=hvd.Sum, name="scalar")
     assert float(s) == sum(range(size))
     big = np.arange(300_001, dtype=np.float64) * (rank + 1)
-    _close(hvd.allreduce(big, op=hvd.Sum, name="big"),
-           np.arange(300_001, dtype=np.float64) * sum(r + 1 for r in range(size)), "float64")
+    _close(
+        hvd.allreduce(big, op=hvd.Sum, name="big"),
+        np.arange(300_001, dtype=np.float64) * sum(r + 1 for r in range(size)),
+        "float64",
+    )
     empty = hvd.allreduce(np.zeros(0, dtype=np.float32), name="empty")
     assert empty.shape == (0,)
     default = hvd.allreduce(np.full(4, float(rank)), name="default-average")
@@ -96,8 +115,10 @@ def check_inplace_async_grouped(hvd: Any, rank: int, size: int) -> None:
     same = hvd.allreduce_(x, op=hvd.Sum, name="inplace")
     assert same is x or np.shares_memory(same, x)
     assert (x == sum(range(1, size + 1))).all()
-    hs = [hvd.allreduce_async(np.full(5, float(i + rank)), op=hvd.Sum, name=f"async{i}")
-          for i in range(6)]
+    hs = [
+        hvd.allreduce_async(np.full(5, float(i + rank)), op=hvd.Sum, name=f"async{i}")
+        for i in range(6)
+    ]
     for i, h in enumerate(reversed(hs)):
         i = 5 - i
         _close(hvd.synchronize(h), np.full(5, float(size * i + sum(range(size)))), "float64")
@@ -158,11 +179,10 @@ def check_reducescatter(hvd: Any, rank: int, size: int) -> None:
     for rows in (size * 2, size * 2 + 1, 1):
         x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) + rank
         got = hvd.reducescatter(x, op=hvd.Sum, name=f"rs.{rows}")
-        full = sum(np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) + r
-                   for r in range(size))
+        full = sum(np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) + r for r in range(size))
         counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
         start = sum(counts[:rank])
-        _close(got, full[start:start + counts[rank]], "float32")
+        _close(got, full[start : start + counts[rank]], "float32")
     avg = hvd.reducescatter(np.full((size, 2), float(rank)), name="rs.avg")
     _close(avg, np.full((1, 2), sum(range(size)) / size), "float64")
     a, b = hvd.grouped_reducescatter([np.ones((size, 1)), np.ones((size * 2, 1))], op=hvd.Sum)
@@ -217,20 +237,38 @@ def check_mismatch_errors(hvd: Any, rank: int, size: int) -> None:
     if size == 1:
         return
     cases = [
-        (lambda: hvd.allreduce(np.ones(3, np.float32 if rank else np.float64), name="mm.dtype"),
-         "Mismatched data types"),
-        (lambda: hvd.allreduce(np.ones(3 + rank), name="mm.shape"),
-         "Mismatched ALLREDUCE tensor shapes"),
-        (lambda: (hvd.allreduce(np.ones(2), name="mm.op") if rank else
-                  hvd.allgather(np.ones(2), name="mm.op")), "Mismatched operations"),
-        (lambda: hvd.broadcast(np.ones(2), rank % 2, name="mm.root"),
-         "Mismatched BROADCAST root ranks"),
-        (lambda: hvd.allreduce(np.ones(2), op=hvd.Sum if rank else hvd.Max, name="mm.redop"),
-         "Mismatched reduction operation"),
-        (lambda: hvd.allreduce(np.ones(2), prescale_factor=1.0 + rank, name="mm.scale"),
-         "Mismatched prescale and/or postscale factors"),
-        (lambda: hvd.allgather(np.ones((2, 2 + rank)), name="mm.agdim"),
-         "Mismatched ALLGATHER tensor shapes"),
+        (
+            lambda: hvd.allreduce(np.ones(3, np.float32 if rank else np.float64), name="mm.dtype"),
+            "Mismatched data types",
+        ),
+        (
+            lambda: hvd.allreduce(np.ones(3 + rank), name="mm.shape"),
+            "Mismatched ALLREDUCE tensor shapes",
+        ),
+        (
+            lambda: (
+                hvd.allreduce(np.ones(2), name="mm.op")
+                if rank
+                else hvd.allgather(np.ones(2), name="mm.op")
+            ),
+            "Mismatched operations",
+        ),
+        (
+            lambda: hvd.broadcast(np.ones(2), rank % 2, name="mm.root"),
+            "Mismatched BROADCAST root ranks",
+        ),
+        (
+            lambda: hvd.allreduce(np.ones(2), op=hvd.Sum if rank else hvd.Max, name="mm.redop"),
+            "Mismatched reduction operation",
+        ),
+        (
+            lambda: hvd.allreduce(np.ones(2), prescale_factor=1.0 + rank, name="mm.scale"),
+            "Mismatched prescale and/or postscale factors",
+        ),
+        (
+            lambda: hvd.allgather(np.ones((2, 2 + rank)), name="mm.agdim"),
+            "Mismatched ALLGATHER tensor shapes",
+        ),
     ]
     for fn, text in cases:
         try:
@@ -262,13 +300,15 @@ def check_eager_errors(hvd: Any, rank: int, size: int) -> None:
             else:
                 raise AssertionError("duplicate name was accepted")
         hvd.synchronize(h)
-    for bad, exc in [(lambda: hvd.allreduce(np.ones((4, 4))[:, 1]), ValueError),
-                     (lambda: hvd.allreduce(np.ones(2, dtype=np.complex64)), TypeError),
-                     (lambda: hvd.allreduce(np.ones(2), op=17), ValueError),
-                     (lambda: hvd.allreduce(np.ones(2), op=hvd.Sum, average=True), ValueError),
-                     (lambda: hvd.broadcast(np.ones(2), size), ValueError),
-                     (lambda: hvd.alltoall(np.ones(size + 1), splits=[1] * size), ValueError),
-                     (lambda: hvd.reducescatter(np.float32(1.0)), ValueError)]:
+    for bad, exc in [
+        (lambda: hvd.allreduce(np.ones((4, 4))[:, 1]), ValueError),
+        (lambda: hvd.allreduce(np.ones(2, dtype=np.complex64)), TypeError),
+        (lambda: hvd.allreduce(np.ones(2), op=17), ValueError),
+        (lambda: hvd.allreduce(np.ones(2), op=hvd.Sum, average=True), ValueError),
+        (lambda: hvd.broadcast(np.ones(2), size), ValueError),
+        (lambda: hvd.alltoall(np.ones(size + 1), splits=[1] * size), ValueError),
+        (lambda: hvd.reducescatter(np.float32(1.0)), ValueError),
+    ]:
         try:
             bad()
         except exc:
@@ -285,7 +325,7 @@ def check_topology(hvd: Any, rank: int, size: int) -> None:
 
 
 CHECKS: dict[str, Callable[[Any, int, int], None]] = {
-    name[len("check_"):]: fn for name, fn in globals().items() if name.startswith("check_")
+    name[len("check_") :]: fn for name, fn in globals().items() if name.startswith("check_")
 }
 
 

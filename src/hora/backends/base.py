@@ -40,19 +40,34 @@ class Backend(Protocol):
 
     def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int) -> None: ...
 
-    def allgatherv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
-                   counts: list[int]) -> None: ...
+    def allgatherv(
+        self, comm: SetComm, send: np.ndarray, recv: np.ndarray, counts: list[int]
+    ) -> None: ...
 
     def broadcast(self, comm: SetComm, buf: np.ndarray, root: int) -> None: ...
 
-    def alltoallv(self, comm: SetComm, send: np.ndarray, send_counts: list[int],
-                  recv: np.ndarray, recv_counts: list[int]) -> None: ...
+    def alltoallv(
+        self,
+        comm: SetComm,
+        send: np.ndarray,
+        send_counts: list[int],
+        recv: np.ndarray,
+        recv_counts: list[int],
+    ) -> None: ...
 
-    def reducescatterv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
-                       counts: list[int], dtype: str, op: int) -> None: ...
+    def reducescatterv(
+        self,
+        comm: SetComm,
+        send: np.ndarray,
+        recv: np.ndarray,
+        counts: list[int],
+        dtype: str,
+        op: int,
+    ) -> None: ...
 
-    def adasum(self, comm: SetComm, buf: np.ndarray, dtype: str,
-               segments: list[tuple[int, int]]) -> None: ...
+    def adasum(
+        self, comm: SetComm, buf: np.ndarray, dtype: str, segments: list[tuple[int, int]]
+    ) -> None: ...
 
     def barrier(self, comm: SetComm) -> None: ...
 

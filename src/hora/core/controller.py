@@ -33,9 +33,14 @@ from hora.dtypes import itemsize
 log = logging.getLogger("hora.controller")
 
 _JOIN_UNSUPPORTED = "{op} is not supported with Join at this time."
-_OP_NAMES = {OpType.ALLREDUCE: "Allreduce", OpType.ALLGATHER: "Allgather",
-             OpType.BROADCAST: "Broadcast", OpType.ALLTOALL: "Alltoall",
-             OpType.REDUCESCATTER: "Reducescatter", OpType.ADASUM: "Adasum"}
+_OP_NAMES = {
+    OpType.ALLREDUCE: "Allreduce",
+    OpType.ALLGATHER: "Allgather",
+    OpType.BROADCAST: "Broadcast",
+    OpType.ALLTOALL: "Alltoall",
+    OpType.REDUCESCATTER: "Reducescatter",
+    OpType.ADASUM: "Adasum",
+}
 
 
 @dataclass
@@ -88,8 +93,9 @@ class Coordinator:
         """A member's requests: ``{"ps": id, "ep": epoch, "r": [...], "h": bits}``."""
         st = self.sets.get(int(msg["ps"]))
         if st is None:
-            raise ValueError(f"rank {global_rank} sent requests for unknown process set "
-                             f"{msg['ps']}")
+            raise ValueError(
+                f"rank {global_rank} sent requests for unknown process set {msg['ps']}"
+            )
         srank = st.set_rank(global_rank)
         st.member_epoch[srank] = int(msg.get("ep", 0))
         self._purge(st)
@@ -134,8 +140,9 @@ class Coordinator:
         spec_or_error = self._validate(st, pend.requests)
         if isinstance(spec_or_error, str):
             full = pend.requests[min(pend.requests)].name
-            st.ready.append(TensorSpec(Request(OpType.ERROR, full, reduce_op=-1,
-                                               group=spec_or_error)))
+            st.ready.append(
+                TensorSpec(Request(OpType.ERROR, full, reduce_op=-1, group=spec_or_error))
+            )
             return
         spec = spec_or_error
         req = spec.request
@@ -159,42 +166,58 @@ class Coordinator:
             q = reqs[r]
             a, b = st.ranks[first_rank], st.ranks[r]
             if q.op != first.op:
-                return (f"Mismatched operations: One rank did an {op_name}, but another rank "
-                        f"did an {q.op.name}. (rank {a}: {op_name}, rank {b}: {q.op.name}; "
-                        f"tensor {first.name})")
+                return (
+                    f"Mismatched operations: One rank did an {op_name}, but another rank "
+                    f"did an {q.op.name}. (rank {a}: {op_name}, rank {b}: {q.op.name}; "
+                    f"tensor {first.name})"
+                )
             if q.dtype != first.dtype:
-                return (f"Mismatched data types: One rank had type {first.dtype}, but another "
-                        f"rank had type {q.dtype}. (rank {a}: {first.dtype}, rank {b}: "
-                        f"{q.dtype}; tensor {first.name})")
+                return (
+                    f"Mismatched data types: One rank had type {first.dtype}, but another "
+                    f"rank had type {q.dtype}. (rank {a}: {first.dtype}, rank {b}: "
+                    f"{q.dtype}; tensor {first.name})"
+                )
             err = self._validate_shapes(first, q, a, b)
             if err:
                 return err
             if q.reduce_op != first.reduce_op:
-                return (f"Mismatched reduction operation: One rank specified op "
-                        f"{first.reduce_op}, but another rank specified op {q.reduce_op}. "
-                        f"(rank {a} vs rank {b}; tensor {first.name})")
+                return (
+                    f"Mismatched reduction operation: One rank specified op "
+                    f"{first.reduce_op}, but another rank specified op {q.reduce_op}. "
+                    f"(rank {a} vs rank {b}; tensor {first.name})"
+                )
             if (q.prescale, q.postscale) != (first.prescale, first.postscale):
-                return (f"Mismatched prescale and/or postscale factors: One rank sent factors "
-                        f"{first.prescale}, {first.postscale}, but another rank sent factors "
-                        f"{q.prescale}, {q.postscale}. (rank {a} vs rank {b}; tensor "
-                        f"{first.name})")
+                return (
+                    f"Mismatched prescale and/or postscale factors: One rank sent factors "
+                    f"{first.prescale}, {first.postscale}, but another rank sent factors "
+                    f"{q.prescale}, {q.postscale}. (rank {a} vs rank {b}; tensor "
+                    f"{first.name})"
+                )
             if q.root != first.root:
-                return (f"Mismatched {op_name} root ranks: One rank specified root rank "
-                        f"{first.root}, but another rank specified root rank {q.root}. "
-                        f"(rank {a} vs rank {b}; tensor {first.name})")
+                return (
+                    f"Mismatched {op_name} root ranks: One rank specified root rank "
+                    f"{first.root}, but another rank specified root rank {q.root}. "
+                    f"(rank {a} vs rank {b}; tensor {first.name})"
+                )
             if q.ranks != first.ranks:
-                return (f"Mismatched process set registration: rank {a} registered ranks "
-                        f"{list(first.ranks or [])}, but rank {b} registered ranks "
-                        f"{list(q.ranks or [])}. Every rank must add the same process sets "
-                        "in the same order.")
+                return (
+                    f"Mismatched process set registration: rank {a} registered ranks "
+                    f"{list(first.ranks or [])}, but rank {b} registered ranks "
+                    f"{list(q.ranks or [])}. Every rank must add the same process sets "
+                    "in the same order."
+                )
             if (q.group, q.group_size) != (first.group, first.group_size):
-                return (f"Mismatched grouping: rank {a} submitted {first.name} in a group of "
-                        f"{first.group_size}, rank {b} in a group of {q.group_size}.")
+                return (
+                    f"Mismatched grouping: rank {a} submitted {first.name} in a group of "
+                    f"{first.group_size}, rank {b} in a group of {q.group_size}."
+                )
         if st.joined and first.op not in (OpType.ALLREDUCE, OpType.ADASUM):
             return _JOIN_UNSUPPORTED.format(op=_OP_NAMES.get(first.op, op_name.title()))
         if first.op == OpType.BROADCAST and first.root not in st.ranks:
-            return (f"broadcast received invalid root rank {first.root}: it is not a member of "
-                    f"process set {st.ps_id} (ranks {st.ranks}).")
+            return (
+                f"broadcast received invalid root rank {first.root}: it is not a member of "
+                f"process set {st.ps_id} (ranks {st.ranks})."
+            )
         if first.op == OpType.ADASUM and (st.size & (st.size - 1)):
             return f"Adasum requires a power-of-two number of ranks, got {st.size}."
         if first.op == OpType.ALLGATHER:
@@ -206,8 +229,10 @@ class Coordinator:
                 q = reqs[r]
                 assert q.splits is not None  # the op surface always fills splits
                 if len(q.splits) != st.size:
-                    return (f"Alltoall: rank {st.ranks[r]} gave {len(q.splits)} splits for a "
-                            f"process set of {st.size} ranks.")
+                    return (
+                        f"Alltoall: rank {st.ranks[r]} gave {len(q.splits)} splits for a "
+                        f"process set of {st.size} ranks."
+                    )
                 matrix.append(list(q.splits))
             return TensorSpec(first, split_matrix=matrix)
         return TensorSpec(first)
@@ -217,20 +242,26 @@ class Coordinator:
         op = first.op.name
         if first.op in (OpType.ALLGATHER, OpType.ALLTOALL):
             if len(q.shape) != len(first.shape):
-                return (f"Mismatched {op} tensor shapes: One rank sent a tensor of rank "
-                        f"{len(first.shape)}, but another rank sent a tensor of rank "
-                        f"{len(q.shape)}. (rank {a} vs rank {b}; tensor {first.name})")
+                return (
+                    f"Mismatched {op} tensor shapes: One rank sent a tensor of rank "
+                    f"{len(first.shape)}, but another rank sent a tensor of rank "
+                    f"{len(q.shape)}. (rank {a} vs rank {b}; tensor {first.name})"
+                )
             for d in range(1, len(first.shape)):
                 if first.shape[d] != q.shape[d]:
-                    return (f"Mismatched {op} tensor shapes: One rank sent a tensor with "
-                            f"dimension {d} equal to {first.shape[d]}, but another rank sent "
-                            f"a tensor with dimension {d} equal to {q.shape[d]}. (rank {a} vs "
-                            f"rank {b}; tensor {first.name})")
+                    return (
+                        f"Mismatched {op} tensor shapes: One rank sent a tensor with "
+                        f"dimension {d} equal to {first.shape[d]}, but another rank sent "
+                        f"a tensor with dimension {d} equal to {q.shape[d]}. (rank {a} vs "
+                        f"rank {b}; tensor {first.name})"
+                    )
             return ""
         if first.shape != q.shape:
-            return (f"Mismatched {op} tensor shapes: One rank sent a tensor of shape "
-                    f"{list(first.shape)}, but another rank sent a tensor of shape "
-                    f"{list(q.shape)}. (rank {a} vs rank {b}; tensor {first.name})")
+            return (
+                f"Mismatched {op} tensor shapes: One rank sent a tensor of shape "
+                f"{list(first.shape)}, but another rank sent a tensor of shape "
+                f"{list(q.shape)}. (rank {a} vs rank {b}; tensor {first.name})"
+            )
         return ""
 
     # -- output -----------------------------------------------------------------------------
@@ -309,8 +340,7 @@ class Coordinator:
                 entries.append(cid if cid is not None else spec.to_wire())
                 for old_id, old in st.mirror.apply(spec):
                     st.graveyard[old_id] = (old, st.epoch)
-            wire.append([int(resp.op), entries, resp.error, resp.last_joined,
-                         resp.process_set_id])
+            wire.append([int(resp.op), entries, resp.error, resp.last_joined, resp.process_set_id])
         return wire
 
     # -- stall inspector --------------------------------------------------------------------
@@ -329,8 +359,9 @@ class Coordinator:
                         missing.setdefault(st.ranks[srank], []).append(name)
             for rank, names in sorted(missing.items()):
                 shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
-                lines.append(f"{rank}: [{shown}]" + (f" (process set {st.ps_id})"
-                                                     if st.ps_id else ""))
+                lines.append(
+                    f"{rank}: [{shown}]" + (f" (process set {st.ps_id})" if st.ps_id else "")
+                )
         return lines
 
     def oldest_wait(self, now: float | None = None) -> float:

@@ -60,14 +60,22 @@ class MemberState:
 
 
 class Engine:
-    def __init__(self, rank: int, size: int, settings: Settings, transport: Transport | None,
-                 backend: Backend, timeline: Any = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        settings: Settings,
+        transport: Transport | None,
+        backend: Backend,
+        timeline: Any = None,
+    ) -> None:
         self.rank, self.size, self.settings = rank, size, settings
         self.transport = transport
         self.timeline = timeline
         self.executor = Executor(backend, timeline)
-        self.coordinator = (Coordinator(settings.fusion_threshold, settings.cache_capacity)
-                            if rank == 0 else None)
+        self.coordinator = (
+            Coordinator(settings.fusion_threshold, settings.cache_capacity) if rank == 0 else None
+        )
         if self.coordinator is not None:
             self.coordinator.on_ready = self._mark_ready
         self.members: dict[int, MemberState] = {}
@@ -195,8 +203,9 @@ class Engine:
             if self._stop_requested and not self._closing:
                 self._begin_shutdown()
                 deadline = time.monotonic() + 10.0
-            if self._closing and (self.rank != 0 or len(self._gone) >= self.size - 1
-                                  or time.monotonic() > deadline):
+            if self._closing and (
+                self.rank != 0 or len(self._gone) >= self.size - 1 or time.monotonic() > deadline
+            ):
                 raise _Stop()
             if self.coordinator is not None:
                 self._stall_check()
@@ -212,8 +221,9 @@ class Engine:
                 if peer == 0:
                     self._closing = True
                 return
-            raise TransportError(f"rank {peer} exited or was killed (its connection to rank "
-                                 f"{self.rank} closed)") from None
+            raise TransportError(
+                f"rank {peer} exited or was killed (its connection to rank {self.rank} closed)"
+            ) from None
         kind = msg["t"]
         if kind == "req" and self.coordinator is not None:
             self._on_requests(peer, msg)
@@ -261,8 +271,13 @@ class Engine:
         for ps_id, (full, hits) in by_set.items():
             self.stats["requests_full"] += len(full)
             self.stats["requests_cached"] += len(hits)
-            msg = {"t": "req", "ps": ps_id, "ep": self.members[ps_id].epoch, "r": full,
-                   "h": bits_encode(hits)}
+            msg = {
+                "t": "req",
+                "ps": ps_id,
+                "ep": self.members[ps_id].epoch,
+                "r": full,
+                "h": bits_encode(hits),
+            }
             if self.rank == 0:
                 self._on_requests(0, msg)
             else:
@@ -306,8 +321,9 @@ class Engine:
             entries = [ms.table.pop(k, None) for k in keys]
             if not ms.joined and any(e is None for e in entries):
                 missing = [n for n, e in zip(names, entries) if e is None]
-                raise HoraInternalError(f"rank {self.rank} was told to reduce {missing}, "
-                                        "which it never submitted")
+                raise HoraInternalError(
+                    f"rank {self.rank} was told to reduce {missing}, which it never submitted"
+                )
             results = self.executor.allreduce(ms.comm, resp, entries)
             for e, r in zip(entries, results):
                 if e is not None:
@@ -332,8 +348,12 @@ class Engine:
             spec = resp.specs[0]
             entry = ms.table.pop(spec.request.match)
             ex = self.executor
-            fn = {OpType.ALLGATHER: ex.allgather, OpType.BROADCAST: ex.broadcast,
-                  OpType.ALLTOALL: ex.alltoall, OpType.REDUCESCATTER: ex.reducescatter}[op]
+            fn = {
+                OpType.ALLGATHER: ex.allgather,
+                OpType.BROADCAST: ex.broadcast,
+                OpType.ALLTOALL: ex.alltoall,
+                OpType.REDUCESCATTER: ex.reducescatter,
+            }[op]
             entry.complete(fn(ms.comm, spec, entry))
         if tl is not None:
             for s in resp.specs:
@@ -341,8 +361,12 @@ class Engine:
 
     def _register_member(self, ps_id: int, ranks: list[int]) -> None:
         if self.rank in ranks:
-            comm = SetComm(ranks, ranks.index(self.rank), self.transport,  # type: ignore[arg-type]
-                           ps_id)
+            comm = SetComm(
+                ranks,
+                ranks.index(self.rank),
+                self.transport,  # type: ignore[arg-type]
+                ps_id,
+            )
             self.members[ps_id] = MemberState(comm, self.settings.cache_capacity)
 
     # -- coordinator side (rank 0) ----------------------------------------------------------
@@ -386,17 +410,21 @@ class Engine:
         self._last_stall_check = now
         oldest = self.coordinator.oldest_wait(now)
         shut = 0 < s.stall_shutdown_time_seconds <= oldest
-        warn = (oldest >= s.stall_check_time_seconds
-                and now - self._last_stall_warn >= s.stall_check_time_seconds)
+        warn = (
+            oldest >= s.stall_check_time_seconds
+            and now - self._last_stall_warn >= s.stall_check_time_seconds
+        )
         if not (shut or warn):
             return
         after = min(s.stall_check_time_seconds, s.stall_shutdown_time_seconds or float("inf"))
         lines = self.coordinator.stalled(after, now)
         text = STALL_MESSAGE.format(secs=after, lines="\n".join(lines))
         if shut:
-            raise HoraInternalError(text + f"\nStalled for more than "
-                                    f"{s.stall_shutdown_time_seconds:.0f} seconds: shutting "
-                                    "down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS).")
+            raise HoraInternalError(
+                text + f"\nStalled for more than "
+                f"{s.stall_shutdown_time_seconds:.0f} seconds: shutting "
+                "down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)."
+            )
         self._last_stall_warn = now
         log.warning(text)
 

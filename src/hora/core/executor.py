@@ -73,8 +73,9 @@ class Executor:
         return entry.array.reshape(-1)
 
     # -- ops --------------------------------------------------------------------------------
-    def allreduce(self, comm: SetComm, resp: Response,
-                  entries: list[TensorEntry | None]) -> list[np.ndarray]:
+    def allreduce(
+        self, comm: SetComm, resp: Response, entries: list[TensorEntry | None]
+    ) -> list[np.ndarray]:
         req = resp.specs[0].request
         dtype, op = req.dtype, req.reduce_op
         post = req.postscale / comm.size if op == AVERAGE else req.postscale
@@ -87,15 +88,14 @@ class Executor:
             flat = out.reshape(-1) if out is not None else np.empty_like(src)
             if flat is not src and not np.shares_memory(flat, src):
                 np.copyto(flat, src)
-            self._reduce(comm, resp, flat, dtype, red, req.prescale, post,
-                         [(0, flat.size)], names)
+            self._reduce(comm, resp, flat, dtype, red, req.prescale, post, [(0, flat.size)], names)
             return [flat.reshape(spec.request.shape)]
         counts = [_numel(s.request.shape) for s in resp.specs]
         buf = self.fusion.get(sum(counts), dtype)
         self._act(names, "MEMCPY_IN_FUSION_BUFFER")
         segments, off = [], 0
         for spec, entry, n in zip(resp.specs, entries, counts):
-            buf[off:off + n] = self._input(spec, entry)
+            buf[off : off + n] = self._input(spec, entry)
             segments.append((off, n))
             off += n
         self._act(names, None)
@@ -105,16 +105,25 @@ class Executor:
         for spec, entry, (o, n) in zip(resp.specs, entries, segments):
             if entry is not None and entry.output is not None:
                 dst = entry.output
-                dst.reshape(-1)[...] = buf[o:o + n]
+                dst.reshape(-1)[...] = buf[o : o + n]
             else:
-                dst = buf[o:o + n].reshape(spec.request.shape).copy()
+                dst = buf[o : o + n].reshape(spec.request.shape).copy()
             results.append(dst)
         self._act(names, None)
         return results
 
-    def _reduce(self, comm: SetComm, resp: Response, buf: np.ndarray, dtype: str, op: int,
-                pre: float, post: float, segments: list[tuple[int, int]],
-                names: list[str]) -> None:
+    def _reduce(
+        self,
+        comm: SetComm,
+        resp: Response,
+        buf: np.ndarray,
+        dtype: str,
+        op: int,
+        pre: float,
+        post: float,
+        segments: list[tuple[int, int]],
+        names: list[str],
+    ) -> None:
         scale(buf, dtype, pre)
         self._act(names, f"{self.backend.name}_{resp.op.name}")
         if resp.op == OpType.ADASUM:
@@ -147,8 +156,9 @@ class Executor:
         self._act([req.name], None)
         return out
 
-    def alltoall(self, comm: SetComm, spec: TensorSpec,
-                 entry: TensorEntry) -> tuple[np.ndarray, np.ndarray]:
+    def alltoall(
+        self, comm: SetComm, spec: TensorSpec, entry: TensorEntry
+    ) -> tuple[np.ndarray, np.ndarray]:
         req = spec.request
         m = spec.split_matrix
         assert m is not None and entry.array is not None
@@ -157,8 +167,13 @@ class Executor:
         recv_rows = [m[j][me] for j in range(comm.size)]
         out = np.empty((sum(recv_rows),) + req.shape[1:], dtype=entry.array.dtype)
         self._act([req.name], f"{self.backend.name}_ALLTOALL")
-        self.backend.alltoallv(comm, entry.array.reshape(-1), [c * row for c in m[me]],
-                               out.reshape(-1), [c * row for c in recv_rows])
+        self.backend.alltoallv(
+            comm,
+            entry.array.reshape(-1),
+            [c * row for c in m[me]],
+            out.reshape(-1),
+            [c * row for c in recv_rows],
+        )
         self._act([req.name], None)
         return out, np.asarray(recv_rows, dtype=np.int32)
 
@@ -173,8 +188,14 @@ class Executor:
         post = req.postscale / comm.size if op == AVERAGE else req.postscale
         scale(send, req.dtype, req.prescale)
         self._act([req.name], f"{self.backend.name}_REDUCESCATTER")
-        self.backend.reducescatterv(comm, send, out.reshape(-1), [r * row for r in rows],
-                                    req.dtype, SUM if op == AVERAGE else op)
+        self.backend.reducescatterv(
+            comm,
+            send,
+            out.reshape(-1),
+            [r * row for r in rows],
+            req.dtype,
+            SUM if op == AVERAGE else op,
+        )
         self._act([req.name], None)
         scale(out.reshape(-1), req.dtype, post)
         return out

@@ -34,8 +34,16 @@ class OpType(IntEnum):
 
 
 # The responses that are worth caching: the ones training repeats every step.
-CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.ADASUM, OpType.ALLTOALL,
-                       OpType.BROADCAST, OpType.REDUCESCATTER})
+CACHEABLE = frozenset(
+    {
+        OpType.ALLREDUCE,
+        OpType.ALLGATHER,
+        OpType.ADASUM,
+        OpType.ALLTOALL,
+        OpType.BROADCAST,
+        OpType.REDUCESCATTER,
+    }
+)
 FUSIBLE = frozenset({OpType.ALLREDUCE, OpType.REDUCESCATTER})
 
 
@@ -55,18 +63,38 @@ class Request:
     ranks: tuple[int, ...] | None = None  # process-set ops: the set's ranks
 
     def to_wire(self) -> list[Any]:
-        return [int(self.op), self.name, self.dtype, list(self.shape), self.root,
-                self.reduce_op, self.prescale, self.postscale,
-                None if self.splits is None else list(self.splits), self.group,
-                self.group_size, None if self.ranks is None else list(self.ranks)]
+        return [
+            int(self.op),
+            self.name,
+            self.dtype,
+            list(self.shape),
+            self.root,
+            self.reduce_op,
+            self.prescale,
+            self.postscale,
+            None if self.splits is None else list(self.splits),
+            self.group,
+            self.group_size,
+            None if self.ranks is None else list(self.ranks),
+        ]
 
     @staticmethod
     def from_wire(w: list[Any]) -> Request:
         (op, name, dtype, shape, root, reduce_op, pre, post, splits, group, gsize, ranks) = w
-        return Request(OpType(op), str(name), str(dtype), tuple(int(d) for d in shape),
-                       int(root), int(reduce_op), float(pre), float(post),
-                       None if splits is None else tuple(int(s) for s in splits),
-                       str(group), int(gsize), None if ranks is None else tuple(ranks))
+        return Request(
+            OpType(op),
+            str(name),
+            str(dtype),
+            tuple(int(d) for d in shape),
+            int(root),
+            int(reduce_op),
+            float(pre),
+            float(post),
+            None if splits is None else tuple(int(s) for s in splits),
+            str(group),
+            int(gsize),
+            None if ranks is None else tuple(ranks),
+        )
 
     @property
     def match(self) -> str:
@@ -79,8 +107,18 @@ class Request:
 
     def key(self) -> tuple[Any, ...]:
         """Everything that must match for a cached response to serve this request again."""
-        return (self.op, self.dtype, self.shape, self.root, self.reduce_op, self.prescale,
-                self.postscale, self.splits, self.group, self.group_size)
+        return (
+            self.op,
+            self.dtype,
+            self.shape,
+            self.root,
+            self.reduce_op,
+            self.prescale,
+            self.postscale,
+            self.splits,
+            self.group,
+            self.group_size,
+        )
 
 
 @dataclass(slots=True)

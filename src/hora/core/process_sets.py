@@ -44,8 +44,10 @@ class ProcessSet:
         if self._my_rank is None or self.process_set_id is None:
             raise ValueError(
                 f"{self!r} has not been registered: pass it to hvd.init(process_sets=[...]) "
-                "or hvd.add_process_set(...) first" if self._my_rank is not None
-                else NOT_INITIALIZED_MESSAGE)
+                "or hvd.add_process_set(...) first"
+                if self._my_rank is not None
+                else NOT_INITIALIZED_MESSAGE
+            )
         return self._my_rank
 
     def size(self) -> int:

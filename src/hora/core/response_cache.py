@@ -17,8 +17,12 @@ from hora.core.messages import CACHEABLE, Request, TensorSpec
 
 
 def _same(a: TensorSpec, b: TensorSpec) -> bool:
-    return (a.request.name == b.request.name and a.request.key() == b.request.key()
-            and a.first_dims == b.first_dims and a.split_matrix == b.split_matrix)
+    return (
+        a.request.name == b.request.name
+        and a.request.key() == b.request.key()
+        and a.first_dims == b.first_dims
+        and a.split_matrix == b.split_matrix
+    )
 
 
 class ResponseCache:

@@ -42,8 +42,10 @@ def _set_id(process_set: ProcessSet | None) -> int:
     if ps.process_set_id is None or ps.process_set_id not in rt.sets:
         raise ValueError("Process set provided does not exist, or has not been registered.")
     if rt.identity.rank not in ps.ranks:
-        raise ValueError(f"rank {rt.identity.rank} is not a member of {ps!r}: only its ranks "
-                         f"{ps.ranks} may run collectives on it")
+        raise ValueError(
+            f"rank {rt.identity.rank} is not a member of {ps!r}: only its ranks "
+            f"{ps.ranks} may run collectives on it"
+        )
     return ps.process_set_id
 
 
@@ -64,8 +66,10 @@ def _reduce_op(op: int | None, average: bool | None = None) -> int:
     if op is None:
         op = SUM if average is False else AVERAGE
     if op not in _OPS:
-        raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, hvd.Sum, hvd.Adasum, "
-                         "hvd.Min, hvd.Max or hvd.Product")
+        raise ValueError(
+            f"unknown reduction op {op!r}: use hvd.Average, hvd.Sum, hvd.Adasum, "
+            "hvd.Min, hvd.Max or hvd.Product"
+        )
     return int(op)
 
 
@@ -90,8 +94,14 @@ def _restore(arr: np.ndarray, user_dtype: np.dtype) -> np.ndarray:
 
 
 # -- submission -----------------------------------------------------------------------------
-def _submit(ps_id: int, requests: list[Request], arrays: list[np.ndarray | None],
-            outputs: list[np.ndarray | None], handle: Handle, grouped: bool) -> Handle:
+def _submit(
+    ps_id: int,
+    requests: list[Request],
+    arrays: list[np.ndarray | None],
+    outputs: list[np.ndarray | None],
+    handle: Handle,
+    grouped: bool,
+) -> Handle:
     """Enqueue one request per tensor; the handle completes when all of them have."""
     rt = _rt.runtime()
     keys = [(ps_id, r.match) for r in requests]
@@ -121,19 +131,28 @@ def _submit(ps_id: int, requests: list[Request], arrays: list[np.ndarray | None]
         else:
             handle.set_result(results if grouped else results[0])
 
-    entries = [TensorEntry(req, arr, out,
-                           (lambda v, i=i: settle(i, v, None)),
-                           (lambda e, i=i: settle(i, None, e)))
-               for i, (req, arr, out) in enumerate(zip(requests, arrays, outputs))]
+    entries = [
+        TensorEntry(
+            req, arr, out, (lambda v, i=i: settle(i, v, None)), (lambda e, i=i: settle(i, None, e))
+        )
+        for i, (req, arr, out) in enumerate(zip(requests, arrays, outputs))
+    ]
     _handles.add(handle)
     rt.engine.enqueue(ps_id, entries)
     return handle
 
 
-def _prepare(kind: OpType, arrays: Sequence[Any], name: str | None, dtype: str | None,
-             grouped: bool, finalize: Finalize, make: Callable[[np.ndarray, str, str], Request],
-             ps_id: int, convert: Callable[[Any, np.dtype], Any] | None = None,
-             ) -> tuple[list[Request], list[np.ndarray], Handle]:
+def _prepare(
+    kind: OpType,
+    arrays: Sequence[Any],
+    name: str | None,
+    dtype: str | None,
+    grouped: bool,
+    finalize: Finalize,
+    make: Callable[[np.ndarray, str, str], Request],
+    ps_id: int,
+    convert: Callable[[Any, np.dtype], Any] | None = None,
+) -> tuple[list[Request], list[np.ndarray], Handle]:
     """Validate arrays, build their requests, and a handle whose result is in user dtypes."""
     handle = Handle()
     names = _names(kind.name.lower(), name, len(arrays) if grouped else None, ps_id)
@@ -157,8 +176,9 @@ def _prepare(kind: OpType, arrays: Sequence[Any], name: str | None, dtype: str |
     return reqs, arrs, handle
 
 
-def _outputs(outputs: Sequence[Any] | None, arrs: list[np.ndarray],
-             dtype: str | None) -> list[np.ndarray | None]:
+def _outputs(
+    outputs: Sequence[Any] | None, arrs: list[np.ndarray], dtype: str | None
+) -> list[np.ndarray | None]:
     if outputs is None:
         return [None] * len(arrs)
     outs: list[np.ndarray | None] = []
@@ -170,16 +190,26 @@ def _outputs(outputs: Sequence[Any] | None, arrs: list[np.ndarray],
             raise TypeError("output must be a NumPy array")
         ov = _array(o, dtype)[0]
         if ov.shape != a.shape or ov.dtype != a.dtype:
-            raise ValueError(f"output {ov.shape} {ov.dtype} does not match input "
-                             f"{a.shape} {a.dtype}")
+            raise ValueError(
+                f"output {ov.shape} {ov.dtype} does not match input {a.shape} {a.dtype}"
+            )
         outs.append(ov)
     return outs
 
 
-def _reduction(kind: OpType, arrays: Sequence[Any], grouped: bool, name: str | None, op: int,
-               prescale_factor: float, postscale_factor: float,
-               process_set: ProcessSet | None, outputs: Sequence[Any] | None,
-               dtype: str | None, finalize: Finalize) -> Handle:
+def _reduction(
+    kind: OpType,
+    arrays: Sequence[Any],
+    grouped: bool,
+    name: str | None,
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet | None,
+    outputs: Sequence[Any] | None,
+    dtype: str | None,
+    finalize: Finalize,
+) -> Handle:
     ps_id = _set_id(process_set)
     if op == ADASUM and kind == OpType.ALLREDUCE:
         kind = OpType.ADASUM
@@ -189,111 +219,222 @@ def _reduction(kind: OpType, arrays: Sequence[Any], grouped: bool, name: str | N
             raise TypeError(f"Adasum needs a floating-point tensor, got {dt}")
         if kind == OpType.REDUCESCATTER and arr.ndim == 0:
             raise ValueError("reducescatter needs a tensor of at least one dimension")
-        return Request(kind, n, dt, tuple(arr.shape), reduce_op=op,
-                       prescale=float(prescale_factor), postscale=float(postscale_factor))
+        return Request(
+            kind,
+            n,
+            dt,
+            tuple(arr.shape),
+            reduce_op=op,
+            prescale=float(prescale_factor),
+            postscale=float(postscale_factor),
+        )
 
     label = OpType.ALLREDUCE if kind == OpType.ADASUM else kind
-    reqs, arrs, handle = _prepare(label, arrays, name, dtype, grouped, finalize, make,
-                                  ps_id)
+    reqs, arrs, handle = _prepare(label, arrays, name, dtype, grouped, finalize, make, ps_id)
     for r in reqs:
         r.op = kind
     return _submit(ps_id, reqs, list(arrs), _outputs(outputs, arrs, dtype), handle, grouped)
 
 
 # -- the collectives ------------------------------------------------------------------------
-def allreduce_async(array: Any, *, name: str | None = None, op: int | None = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    process_set: ProcessSet | None = None, output: Any = None,
-                    dtype: str | None = None, finalize: Finalize = None,
-                    average: bool | None = None) -> Handle:
-    return _reduction(OpType.ALLREDUCE, [array], False, name, _reduce_op(op, average),
-                      prescale_factor, postscale_factor, process_set,
-                      None if output is None else [output], dtype, finalize)
+def allreduce_async(
+    array: Any,
+    *,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+    output: Any = None,
+    dtype: str | None = None,
+    finalize: Finalize = None,
+    average: bool | None = None,
+) -> Handle:
+    return _reduction(
+        OpType.ALLREDUCE,
+        [array],
+        False,
+        name,
+        _reduce_op(op, average),
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        None if output is None else [output],
+        dtype,
+        finalize,
+    )
 
 
-def grouped_allreduce_async(arrays: Sequence[Any], *, name: str | None = None,
-                            op: int | None = None, prescale_factor: float = 1.0,
-                            postscale_factor: float = 1.0,
-                            process_set: ProcessSet | None = None,
-                            outputs: Sequence[Any] | None = None, dtype: str | None = None,
-                            finalize: Finalize = None, average: bool | None = None) -> Handle:
+def grouped_allreduce_async(
+    arrays: Sequence[Any],
+    *,
+    name: str | None = None,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
+    outputs: Sequence[Any] | None = None,
+    dtype: str | None = None,
+    finalize: Finalize = None,
+    average: bool | None = None,
+) -> Handle:
     _nonempty(arrays, "grouped_allreduce")
-    return _reduction(OpType.ALLREDUCE, arrays, True, name, _reduce_op(op, average),
-                      prescale_factor, postscale_factor, process_set, outputs, dtype, finalize)
+    return _reduction(
+        OpType.ALLREDUCE,
+        arrays,
+        True,
+        name,
+        _reduce_op(op, average),
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        outputs,
+        dtype,
+        finalize,
+    )
 
 
-def reducescatter_async(array: Any, *, name: str | None = None, op: int | None = None,
-                        process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0, dtype: str | None = None,
-                        finalize: Finalize = None) -> Handle:
+def reducescatter_async(
+    array: Any,
+    *,
+    name: str | None = None,
+    op: int | None = None,
+    process_set: ProcessSet | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    dtype: str | None = None,
+    finalize: Finalize = None,
+) -> Handle:
     op = _reduce_op(op)
     if op == ADASUM:
         raise ValueError("reducescatter does not support Adasum")
-    return _reduction(OpType.REDUCESCATTER, [array], False, name, op, prescale_factor,
-                      postscale_factor, process_set, None, dtype, finalize)
+    return _reduction(
+        OpType.REDUCESCATTER,
+        [array],
+        False,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        None,
+        dtype,
+        finalize,
+    )
 
 
-def grouped_reducescatter_async(arrays: Sequence[Any], *, name: str | None = None,
-                                op: int | None = None, process_set: ProcessSet | None = None,
-                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                                dtype: str | None = None, finalize: Finalize = None) -> Handle:
+def grouped_reducescatter_async(
+    arrays: Sequence[Any],
+    *,
+    name: str | None = None,
+    op: int | None = None,
+    process_set: ProcessSet | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    dtype: str | None = None,
+    finalize: Finalize = None,
+) -> Handle:
     _nonempty(arrays, "grouped_reducescatter")
     op = _reduce_op(op)
     if op == ADASUM:
         raise ValueError("reducescatter does not support Adasum")
-    return _reduction(OpType.REDUCESCATTER, arrays, True, name, op, prescale_factor,
-                      postscale_factor, process_set, None, dtype, finalize)
+    return _reduction(
+        OpType.REDUCESCATTER,
+        arrays,
+        True,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        None,
+        dtype,
+        finalize,
+    )
 
 
-def _gather(arrays: Sequence[Any], grouped: bool, name: str | None,
-            process_set: ProcessSet | None, dtype: str | None, finalize: Finalize) -> Handle:
+def _gather(
+    arrays: Sequence[Any],
+    grouped: bool,
+    name: str | None,
+    process_set: ProcessSet | None,
+    dtype: str | None,
+    finalize: Finalize,
+) -> Handle:
     ps_id = _set_id(process_set)
 
     def make(arr: np.ndarray, dt: str, n: str) -> Request:
         shape = tuple(arr.shape) if arr.ndim else (1,)
         return Request(OpType.ALLGATHER, n, dt, shape)
 
-    reqs, arrs, handle = _prepare(OpType.ALLGATHER, arrays, name, dtype, grouped, finalize,
-                                  make, ps_id)
+    reqs, arrs, handle = _prepare(
+        OpType.ALLGATHER, arrays, name, dtype, grouped, finalize, make, ps_id
+    )
     arrs = [a.reshape(1) if a.ndim == 0 else a for a in arrs]
     return _submit(ps_id, reqs, list(arrs), [None] * len(arrs), handle, grouped)
 
 
-def allgather_async(array: Any, *, name: str | None = None,
-                    process_set: ProcessSet | None = None, dtype: str | None = None,
-                    finalize: Finalize = None) -> Handle:
+def allgather_async(
+    array: Any,
+    *,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+    dtype: str | None = None,
+    finalize: Finalize = None,
+) -> Handle:
     return _gather([array], False, name, process_set, dtype, finalize)
 
 
-def grouped_allgather_async(arrays: Sequence[Any], *, name: str | None = None,
-                            process_set: ProcessSet | None = None, dtype: str | None = None,
-                            finalize: Finalize = None) -> Handle:
+def grouped_allgather_async(
+    arrays: Sequence[Any],
+    *,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+    dtype: str | None = None,
+    finalize: Finalize = None,
+) -> Handle:
     _nonempty(arrays, "grouped_allgather")
     return _gather(arrays, True, name, process_set, dtype, finalize)
 
 
-def broadcast_async(array: Any, root_rank: int, *, name: str | None = None,
-                    process_set: ProcessSet | None = None, output: Any = None,
-                    dtype: str | None = None, finalize: Finalize = None) -> Handle:
+def broadcast_async(
+    array: Any,
+    root_rank: int,
+    *,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+    output: Any = None,
+    dtype: str | None = None,
+    finalize: Finalize = None,
+) -> Handle:
     ps_id = _set_id(process_set)
     ps = resolve(process_set)
     root = int(root_rank)
     if root not in ps.ranks:
-        raise ValueError(f"broadcast received invalid root rank {root}: the root must be a "
-                         f"global rank in the process set {ps.ranks}")
+        raise ValueError(
+            f"broadcast received invalid root rank {root}: the root must be a "
+            f"global rank in the process set {ps.ranks}"
+        )
 
     def make(arr: np.ndarray, dt: str, n: str) -> Request:
         return Request(OpType.BROADCAST, n, dt, tuple(arr.shape), root=root)
 
-    reqs, arrs, handle = _prepare(OpType.BROADCAST, [array], name, dtype, False, finalize, make,
-                                  ps_id)
+    reqs, arrs, handle = _prepare(
+        OpType.BROADCAST, [array], name, dtype, False, finalize, make, ps_id
+    )
     outs = _outputs(None if output is None else [output], arrs, dtype)
     return _submit(ps_id, reqs, list(arrs), outs, handle, False)
 
 
-def alltoall_async(array: Any, splits: Any = None, *, name: str | None = None,
-                   process_set: ProcessSet | None = None, dtype: str | None = None,
-                   finalize: Finalize = None) -> Handle:
+def alltoall_async(
+    array: Any,
+    splits: Any = None,
+    *,
+    name: str | None = None,
+    process_set: ProcessSet | None = None,
+    dtype: str | None = None,
+    finalize: Finalize = None,
+) -> Handle:
     """Result: ``(output, received_splits)``; ``splits`` are rows per destination rank."""
     ps_id = _set_id(process_set)
     n = len(resolve(process_set).ranks)
@@ -304,21 +445,26 @@ def alltoall_async(array: Any, splits: Any = None, *, name: str | None = None,
         rows = arr.shape[0]
         if splits is None:
             if rows % n:
-                raise ValueError(f"alltoall without splits needs dim 0 ({rows}) divisible by "
-                                 f"the number of ranks ({n}); pass splits=")
+                raise ValueError(
+                    f"alltoall without splits needs dim 0 ({rows}) divisible by "
+                    f"the number of ranks ({n}); pass splits="
+                )
             sp = (rows // n,) * n
         else:
             sp = tuple(int(v) for v in np.asarray(splits).reshape(-1))
             if len(sp) != n or any(v < 0 for v in sp) or sum(sp) != rows:
-                raise ValueError(f"alltoall splits {list(sp)} must be {n} non-negative counts "
-                                 f"summing to dim 0 of the tensor ({rows})")
+                raise ValueError(
+                    f"alltoall splits {list(sp)} must be {n} non-negative counts "
+                    f"summing to dim 0 of the tensor ({rows})"
+                )
         return Request(OpType.ALLTOALL, nm, dt, tuple(arr.shape), splits=sp)
 
     def convert(res: Any, udt: np.dtype) -> Any:
         return _restore(res[0], udt), res[1]
 
-    reqs, arrs, handle = _prepare(OpType.ALLTOALL, [array], name, dtype, False, finalize,
-                                  make, ps_id, convert)
+    reqs, arrs, handle = _prepare(
+        OpType.ALLTOALL, [array], name, dtype, False, finalize, make, ps_id, convert
+    )
     return _submit(ps_id, reqs, list(arrs), [None], handle, False)
 
 
@@ -328,8 +474,9 @@ def _nonempty(arrays: Sequence[Any], what: str) -> None:
 
 
 # -- control ops ----------------------------------------------------------------------------
-def _control(kind: OpType, name: str, process_set: ProcessSet | None,
-             ranks: tuple[int, ...] | None = None) -> Handle:
+def _control(
+    kind: OpType, name: str, process_set: ProcessSet | None, ranks: tuple[int, ...] | None = None
+) -> Handle:
     ps_id = _set_id(process_set)
     handle = Handle()
     req = Request(kind, name, ranks=ranks)
@@ -354,8 +501,9 @@ def register_process_set(ps: ProcessSet) -> ProcessSet:
     """Negotiate ``ps`` with every rank (all must register the same sets in the same order)."""
     rt = _rt.runtime()
     if any(r >= rt.identity.size for r in ps.ranks) or not ps.ranks:
-        raise ValueError(f"process set ranks {ps.ranks} must be a non-empty subset of "
-                         f"0..{rt.identity.size - 1}")
+        raise ValueError(
+            f"process set ranks {ps.ranks} must be a non-empty subset of 0..{rt.identity.size - 1}"
+        )
     name = f"process_set.add.{_next_set_op(rt)}"
     ps_id = int(_control(OpType.ADD_PROCESS_SET, name, None, tuple(ps.ranks)).wait())
     ps._bind(ps_id, rt.identity.rank)
@@ -366,8 +514,10 @@ def register_process_set(ps: ProcessSet) -> ProcessSet:
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     rt = _rt.runtime()
     if not rt.settings.dynamic_process_sets:
-        raise ValueError("add_process_set needs dynamic process sets: call "
-                         "hvd.init(process_sets='dynamic') or set HOROVOD_DYNAMIC_PROCESS_SETS=1")
+        raise ValueError(
+            "add_process_set needs dynamic process sets: call "
+            "hvd.init(process_sets='dynamic') or set HOROVOD_DYNAMIC_PROCESS_SETS=1"
+        )
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError("Attempted to add a duplicate process set")
@@ -407,8 +557,9 @@ def synchronize(handle: Handle | int) -> Any:
 
 
 # -- objects --------------------------------------------------------------------------------
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
-                     process_set: ProcessSet | None = None) -> Any:
+def broadcast_object(
+    obj: Any, root_rank: int = 0, name: str | None = None, process_set: ProcessSet | None = None
+) -> Any:
     rt = _rt.runtime()
     name = name or "broadcast_object"  # not the type's name: non-root ranks often pass None
     is_root = rt.identity.rank == root_rank
@@ -420,16 +571,18 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     return obj if is_root else cloudpickle.loads(buf.tobytes())
 
 
-def allgather_object(obj: Any, name: str | None = None,
-                     process_set: ProcessSet | None = None) -> list[Any]:
+def allgather_object(
+    obj: Any, name: str | None = None, process_set: ProcessSet | None = None
+) -> list[Any]:
     name = name or "allgather_object"
     data = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
-    sizes = allgather(np.array([data.size], dtype=np.int64), name=f"{name}.sz",
-                      process_set=process_set)
+    sizes = allgather(
+        np.array([data.size], dtype=np.int64), name=f"{name}.sz", process_set=process_set
+    )
     blob = allgather(data, name=f"{name}.t", process_set=process_set)
     out, off = [], 0
     for s in sizes.tolist():
-        out.append(cloudpickle.loads(blob[off:off + s].tobytes()))
+        out.append(cloudpickle.loads(blob[off : off + s].tobytes()))
         off += s
     return out
 

@@ -15,10 +15,12 @@ def _coord(size: int = 2, fusion: int = 1 << 20, cache: int = 16) -> Coordinator
     return c
 
 
-def _send(c: Coordinator, rank: int, *reqs: Request, hits: list[int] | None = None,
-          epoch: int = 0) -> None:
-    c.on_message(rank, {"ps": 0, "ep": epoch, "r": [r.to_wire() for r in reqs],
-                        "h": bits_encode(hits or [])})
+def _send(
+    c: Coordinator, rank: int, *reqs: Request, hits: list[int] | None = None, epoch: int = 0
+) -> None:
+    c.on_message(
+        rank, {"ps": 0, "ep": epoch, "r": [r.to_wire() for r in reqs], "h": bits_encode(hits or [])}
+    )
 
 
 def _ar(name: str, n: int = 4, dtype: str = "float32", **kw: Any) -> Request:
@@ -37,17 +39,27 @@ def test_ready_only_when_every_rank_asked() -> None:
 
 def test_mismatches_name_both_ranks_and_values() -> None:
     cases = [
-        ((_ar("x", dtype="float32"), _ar("x", dtype="int32")),
-         "Mismatched data types: One rank had type float32, but another rank had type int32."),
-        ((_ar("x", 4), _ar("x", 5)),
-         "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [4], but another "
-         "rank sent a tensor of shape [5]."),
-        ((_ar("x"), Request(OpType.ALLGATHER, "allgather.x", "float32", (4,))),
-         "Mismatched operations: One rank did an ALLREDUCE, but another rank did an ALLGATHER."),
-        ((Request(OpType.BROADCAST, "broadcast.x", "float32", (4,), root=0),
-          Request(OpType.BROADCAST, "broadcast.x", "float32", (4,), root=1)),
-         "Mismatched BROADCAST root ranks: One rank specified root rank 0, but another rank "
-         "specified root rank 1."),
+        (
+            (_ar("x", dtype="float32"), _ar("x", dtype="int32")),
+            "Mismatched data types: One rank had type float32, but another rank had type int32.",
+        ),
+        (
+            (_ar("x", 4), _ar("x", 5)),
+            "Mismatched ALLREDUCE tensor shapes: One rank sent a tensor of shape [4], but another "
+            "rank sent a tensor of shape [5].",
+        ),
+        (
+            (_ar("x"), Request(OpType.ALLGATHER, "allgather.x", "float32", (4,))),
+            "Mismatched operations: One rank did an ALLREDUCE, but another rank did an ALLGATHER.",
+        ),
+        (
+            (
+                Request(OpType.BROADCAST, "broadcast.x", "float32", (4,), root=0),
+                Request(OpType.BROADCAST, "broadcast.x", "float32", (4,), root=1),
+            ),
+            "Mismatched BROADCAST root ranks: One rank specified root rank 0, but another rank "
+            "specified root rank 1.",
+        ),
         ((_ar("x", reduce_op=1), _ar("x", reduce_op=4)), "Mismatched reduction operation"),
         ((_ar("x", prescale=2.0), _ar("x")), "Mismatched prescale and/or postscale factors"),
     ]
@@ -68,7 +80,10 @@ def test_fusion_packs_matching_allreduces_up_to_the_threshold() -> None:
     _send(c, 1, *reqs)
     [(st, responses)] = c.take_responses()
     assert [r.names for r in responses] == [
-        ["allreduce.g0", "allreduce.g1"], ["allreduce.g2"], ["allreduce.i"]]
+        ["allreduce.g0", "allreduce.g1"],
+        ["allreduce.g2"],
+        ["allreduce.i"],
+    ]
 
 
 def test_fusion_threshold_zero_disables_fusion() -> None:

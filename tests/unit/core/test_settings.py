@@ -8,8 +8,14 @@ from hora import settings
 
 
 def test_hora_names_win_over_horovod_names() -> None:
-    s = settings.load({"HOROVOD_FUSION_THRESHOLD": "1", "HORA_FUSION_THRESHOLD": "2",
-                       "HOROVOD_CYCLE_TIME": "3.5", "HOROVOD_TIMELINE": "t.json"})
+    s = settings.load(
+        {
+            "HOROVOD_FUSION_THRESHOLD": "1",
+            "HORA_FUSION_THRESHOLD": "2",
+            "HOROVOD_CYCLE_TIME": "3.5",
+            "HOROVOD_TIMELINE": "t.json",
+        }
+    )
     assert (s.fusion_threshold, s.cycle_time_ms, s.timeline) == (2, 3.5, "t.json")
     assert s.explicit == {"fusion_threshold", "cycle_time_ms", "timeline"}
 
