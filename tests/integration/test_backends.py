@@ -5,6 +5,9 @@ run under mpirun by ``test_backends_mpi.py``."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -106,6 +109,26 @@ def check_sets_and_flags(out: list[dict[str, Any]], backend: str, cls: str) -> N
 def test_gloo_process_sets_and_flags(np_: int) -> None:
     out = run_ranks(sets_and_flags, np_, timeout=90, env=GLOO)
     check_sets_and_flags(out, "gloo", "GlooBackend")
+
+
+@pytest.mark.timeout(120)
+def test_hora_run_gloo() -> None:
+    hora = shutil.which("hora")
+    if hora is None:
+        pytest.skip("the hora command is not on PATH (pip install -e .)")
+    code = (
+        "import numpy as np, hora as hvd\n"
+        "hvd.init()\n"
+        "s = hvd.allreduce(np.ones(2) * (hvd.rank() + 1), op=hvd.Sum)\n"
+        "print('RESULT', hvd.rank(), hvd.gloo_enabled(), hvd.mpi_enabled(), s.tolist())\n"
+        "hvd.shutdown()\n"
+    )
+    argv = [hora, "run", "--gloo", "-np", "2", sys.executable, "-c", code]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line.split("RESULT ", 1)[1] for line in done.stdout.splitlines()
+                   if "RESULT " in line)  # fmt: skip
+    assert lines == ["0 True False [3.0, 3.0]", "1 True False [3.0, 3.0]"], done.stdout
 
 
 def _killed_in_collective(rank: int) -> dict[str, Any]:
