@@ -181,7 +181,7 @@ def engine_cost_table(rows: Sequence[Row]) -> str:
             ]
         )
 
-    for backend, case, size in sorted(by_key, key=lambda k: (k[0], k[2])):
+    for backend, case, size in sorted(by_key, key=lambda k: (k[0], k[1] == "resnet50", k[2])):
         a = by_key[(backend, case, size)]
         if case == "api" and (backend, "direct", size) in by_key:
             b = by_key[(backend, "direct", size)]
