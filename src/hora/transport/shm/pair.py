@@ -87,6 +87,7 @@ class ShmPair:
         self._free_slots = SLOTS
         self._next_slot = 0
         self._acker: threading.Thread | None = None
+        self._out_gone = False  # the peer closed its end while owing no acknowledgement
         self._sender = Lane(f"hora-shm-send-{peer}", self._closed_error)
         self._receiver = Lane(f"hora-shm-recv-{peer}", self._closed_error)
 
@@ -113,7 +114,11 @@ class ShmPair:
             head = HEADER.pack(EAGER, 0, view.nbytes, view.nbytes, 0)
             return self._write_soon([head, view])
         if self._out.single_copy:
-            acked = self._expect_ack(ShmWork())
+            acked = ShmWork()
+            try:
+                self._expect_ack(acked)
+            except TransportError as e:
+                return ShmWork(e)
             head = HEADER.pack(PULL, 0, 0, view.nbytes, cma.address(view))
             written = self._write_soon([head], then=acked.wait)
             return acked if written.done() else written
@@ -132,7 +137,8 @@ class ShmPair:
         if total <= EAGER_LIMIT:
             self._write([HEADER.pack(EAGER, 0, total, total, 0), view])
         elif self._out.single_copy:
-            work = self._expect_ack(ShmWork())
+            work = ShmWork()
+            self._expect_ack(work)
             self._write([HEADER.pack(PULL, 0, 0, total, cma.address(view))])
             work.wait()
         else:
@@ -179,44 +185,47 @@ class ShmPair:
 
     # -- acknowledgements (the ack thread) ----------------------------------------------------
 
-    def _expect_ack(self, item: ShmWork) -> ShmWork:
+    def _expect_ack(self, item: object) -> None:
+        """Register a frame that the peer will acknowledge (before the frame is written)."""
         with self._lock:
-            if self._closed:
-                raise self._closed_error()
-            self._unacked.append(item)
-            self._start_acker()
-        return item
+            gone = self._out_gone
+            if not self._closed and not gone:
+                self._unacked.append(item)
+                if self._acker is None:
+                    self._acker = threading.Thread(
+                        target=self._ack_loop, name=f"hora-shm-ack-{self.peer}", daemon=True
+                    )
+                    self._acker.start()
+                return
+        raise self._fail(EOFError()) if gone else self._closed_error()
 
     def _take_slot(self) -> int:
+        """Wait for a free staging slot and claim it; raises once the pair is closed."""
+        slot = -1
         with self._lock:
-            while self._free_slots == 0 and not self._closed:
+            while self._free_slots == 0 and not self._closed and not self._out_gone:
                 self._lock.wait()
-            if self._closed:
-                raise self._closed_error()
-            self._free_slots -= 1
-            slot = self._next_slot
-            self._next_slot = (slot + 1) % SLOTS
-            self._unacked.append(_SLOT)
-            self._start_acker()
+            if self._free_slots > 0:
+                self._free_slots -= 1
+                slot = self._next_slot
+                self._next_slot = (slot + 1) % SLOTS
+        self._expect_ack(_SLOT)  # raises if the wait ended without a slot
         return slot
-
-    def _start_acker(self) -> None:
-        if self._acker is None:
-            self._acker = threading.Thread(
-                target=self._ack_loop, name=f"hora-shm-ack-{self.peer}", daemon=True
-            )
-            self._acker.start()
 
     def _ack_loop(self) -> None:
         buf = bytearray(256)
         while True:
+            reason: BaseException = EOFError()
             try:
                 got = self._out.sock.recv_into(buf)
             except OSError as e:
-                self._fail(e)
-                return
+                got, reason = 0, e
             if got == 0:
-                self._fail(EOFError())
+                with self._lock:  # a peer that closed owing nothing is no failure yet
+                    self._out_gone = not self._unacked
+                    if self._out_gone:
+                        return
+                self._fail(reason)
                 return
             done = []
             with self._lock:
@@ -386,7 +395,7 @@ class ShmPair:
         """Record why the pair broke, close it, and return the error to raise."""
         with self._lock:
             if self._error is None and not self._closed:
-                if isinstance(reason, EOFError):
+                if isinstance(reason, (EOFError, ConnectionResetError, BrokenPipeError)):
                     reason = f"connection to {self._what} closed (peer exited or was killed)"
                 elif isinstance(reason, OSError):
                     reason = f"connection to {self._what} failed: {reason}"

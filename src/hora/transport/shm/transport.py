@@ -27,6 +27,7 @@ import threading
 import time
 
 from hora.errors import AuthenticationError, TransportError
+from hora.transport.base import DATA
 from hora.transport.shm import cma
 from hora.transport.shm.pair import Link, ShmPair
 from hora.transport.shm.staging import Staging
@@ -99,10 +100,12 @@ class ShmTransport:
 
     # -- pairs -------------------------------------------------------------------------------
 
-    def pair(self, peer: int) -> ShmPair:
-        """The shared-memory Pair to ``peer``, connecting on the first call."""
+    def pair(self, peer: int, channel: int = DATA) -> ShmPair:
+        """The shared-memory DATA Pair to ``peer``, connecting on the first call."""
         if not 0 <= peer < self.size or peer == self.rank:
             raise ValueError(f"peer must be another rank in [0, {self.size}), got {peer}")
+        if channel != DATA:
+            raise ValueError(f"shared memory carries the DATA channel ({DATA}) only, not {channel}")
         with self._lock:
             self._check_open()
             found = self._pairs.get(peer)

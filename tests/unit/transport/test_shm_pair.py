@@ -1,0 +1,292 @@
+"""The shared-memory pair between real processes: framing, both payload paths (single copy and
+staged), reducing receives, errors, a killed peer, and hora's collectives over it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness import run_ranks, spawn_ranks
+
+MODES = pytest.mark.parametrize("single_copy", [True, False], ids=["single-copy", "staged"])
+
+
+def _transport(rank: int, single_copy: bool = True, secret: bytes | None = None) -> Any:
+    import os
+
+    from hora.transport.shm import ShmTransport
+
+    key = secret or bytes.fromhex(os.environ["HORA_SECRET_KEY"])
+    size = int(os.environ["HORA_SIZE"])
+    return ShmTransport(rank, size, key, "test/0", connect_timeout=20, single_copy=single_copy)
+
+
+def _hora_in_dev_shm() -> list[str]:
+    import os
+
+    return sorted(n for n in os.listdir("/dev/shm") if "hora" in n.lower())
+
+
+def _exchange(rank: int, single_copy: bool) -> dict[str, Any]:
+    import numpy as np
+
+    from hora.transport.shm.pair import EAGER_LIMIT
+    from hora.transport.shm.staging import SLOT_BYTES, SLOTS
+
+    t = _transport(rank, single_copy)
+    pair = t.pair(1 - rank)
+    sizes = [0, 1, 1000, EAGER_LIMIT, EAGER_LIMIT + 8, SLOT_BYTES * SLOTS * 2 + 24, 5 << 20]
+    out: dict[str, Any] = {"repr": repr(pair), "ok": []}
+
+    def data(n: int, who: int) -> np.ndarray:
+        return ((np.arange(n, dtype=np.int64) * 7 + who) % 251).astype(np.uint8)
+
+    for n in sizes:
+        mine, theirs = data(n, rank), data(n, 1 - rank)
+        got = np.empty(n, np.uint8)
+        work = pair.isend(memoryview(mine))  # isend, then a blocking receive
+        pair.recv_into(memoryview(got))
+        work.wait()
+        same = bool(np.array_equal(got, theirs))
+        got[:] = 0
+        posted = pair.irecv(memoryview(got))  # irecv posted first, then isend
+        work = pair.isend(memoryview(mine))
+        posted.wait()
+        work.wait()
+        out["ok"].append((n, same and bool(np.array_equal(got, theirs))))
+    for dtype in ("float32", "float64", "int8"):  # reducing receives, odd lengths
+        for count in (3, 70_001, 1_500_007):
+            mine = (np.arange(count) % 11 + rank).astype(dtype)
+            acc = (np.arange(count) % 5).astype(dtype)
+            work = pair.isend(memoryview(mine))
+            pair.recv_reduce(acc, lambda a, b: np.add(a, b, out=a), np.empty(1 << 18, np.uint8))
+            work.wait()
+            want = (np.arange(count) % 5).astype(dtype) + (np.arange(count) % 11 + 1 - rank)
+            out["ok"].append((f"reduce {dtype} {count}", bool(np.array_equal(acc, want))))
+    pair.send_msg(b"message from %d" % rank)  # messages and data frames keep their order
+    pair.send(b"x" * 10)
+    out["msg"] = pair.recv_msg()
+    tail = bytearray(10)
+    pair.recv_into(tail)
+    out["tail"] = bytes(tail)
+    maps = open("/proc/self/maps").read()
+    out["memfd_mapped"] = "memfd:hora-staging" in maps
+    out["dev_shm"] = _hora_in_dev_shm()
+    t.close()
+    return out
+
+
+@pytest.mark.timeout(120)
+@MODES
+def test_frames_of_every_size_arrive_whole_and_in_order(single_copy: bool) -> None:
+    results = run_ranks(_exchange, 2, args=(single_copy,), timeout=100)
+    for rank, out in enumerate(results):
+        assert ("single-copy" if single_copy else "staged") in out["repr"], out["repr"]
+        bad = [what for what, ok in out["ok"] if not ok]
+        assert not bad, f"rank {rank}: wrong data for {bad}"
+        assert out["msg"] == b"message from %d" % (1 - rank)
+        assert out["tail"] == b"x" * 10
+        # the staging area is an anonymous memfd: mapped, yet never a file in /dev/shm
+        assert out["memfd_mapped"] is (not single_copy)
+        assert out["dev_shm"] == []
+
+
+def _mismatch(rank: int, single_copy: bool, size: int) -> str:
+    from hora.errors import TransportError
+
+    t = _transport(rank, single_copy)
+    pair = t.pair(1 - rank)
+    if rank == 0:
+        pair.isend(b"\1" * size)
+        try:
+            pair.recv_into(bytearray(1))  # until rank 1 drops the pair
+        except TransportError:
+            pass
+        return "sent"
+    try:
+        pair.recv_into(bytearray(size // 2))
+        return "accepted a frame of the wrong length"
+    except TransportError as e:
+        first = str(e)
+    try:
+        pair.recv_into(bytearray(1))
+        return "the pair stayed open"
+    except TransportError:
+        return first
+
+
+@pytest.mark.timeout(90)
+@MODES
+@pytest.mark.parametrize("size", [1000, 3 << 20], ids=["inline", "bulk"])
+def test_a_frame_of_the_wrong_length_fails_and_closes_the_pair(
+    single_copy: bool, size: int
+) -> None:
+    out = run_ranks(_mismatch, 2, args=(single_copy, size), timeout=60)[1]
+    assert "malformed frame from rank 0" in out, out
+    assert f"{size // 2} bytes" in out, out
+
+
+def _killed(rank: int, single_copy: bool, blocked_in: str) -> str:
+    import os
+    import signal
+
+    import numpy as np
+
+    from hora.errors import TransportError
+
+    t = _transport(rank, single_copy)
+    pair = t.pair(1 - rank)
+    pair.send(b"ready")  # both sides connected
+    pair.recv_into(bytearray(5))
+    if rank == 1:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGKILL))
+        signal.pause()  # killed meanwhile, taking nothing from the pair
+    try:
+        if blocked_in == "recv":
+            pair.recv_into(bytearray(8))
+        else:  # a bulk send that the peer never takes
+            pair.isend(np.ones(16 << 20, np.uint8)).wait()  # more than the staging area
+        return "no error"
+    except TransportError as e:
+        return str(e)
+
+
+@pytest.mark.timeout(90)
+@MODES
+@pytest.mark.parametrize("blocked_in", ["recv", "send"])
+def test_a_killed_peer_fails_blocked_operations(single_copy: bool, blocked_in: str) -> None:
+    results = spawn_ranks(_killed, 2, args=(single_copy, blocked_in), timeout=60)
+    assert results[1].status == "died" and results[1].returncode == -9
+    assert results[0].ok, results[0].stderr
+    assert "rank 1" in results[0].value and "killed" in results[0].value, results[0].value
+
+
+def _stranger(rank: int) -> str:
+    import os
+    import socket
+
+    from hora.errors import AuthenticationError
+    from hora.transport.shm.transport import socket_name
+    from hora.transport.tcp.auth import connect_handshake
+
+    t = _transport(rank)
+    pair = t.pair(1 - rank)
+    got = bytearray(1)
+    pair.send(b"%d" % rank)
+    pair.recv_into(got)
+    if rank == 1:  # knock on rank 0's socket: garbage, then a handshake with the wrong secret
+        name = socket_name(bytes.fromhex(os.environ["HORA_SECRET_KEY"]), "test/0", 0)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(name)
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(name)
+            try:
+                connect_handshake(s, b"not the job secret", b"hora-shm/1\0")
+                return "a stranger got in"
+            except AuthenticationError:
+                pass
+    pair.send(b"%d" % rank)  # the job goes on
+    pair.recv_into(got)
+    if rank == 0:
+        pair.recv_into(got)  # rank 1 is done knocking
+    else:
+        pair.send(b"k")
+    return got.decode()
+
+
+@pytest.mark.timeout(60)
+def test_a_connection_without_the_secret_is_dropped_and_the_job_goes_on() -> None:
+    results = spawn_ranks(_stranger, 2, timeout=40)
+    assert [r.value for r in results] == ["k", "0"], results
+    assert results[0].stderr.count("dropped a shared-memory connection") == 2, results[0].stderr
+
+
+def _close_wakes(rank: int) -> str:
+    import threading
+
+    from hora.errors import TransportError
+
+    t = _transport(rank)
+    pair = t.pair(1 - rank)
+    pair.send(b"r")
+    pair.recv_into(bytearray(1))
+    if rank == 1:
+        pair.recv_into(bytearray(1))  # rank 0 closes without sending: EOF
+        return "eof seen"
+    threading.Timer(0.2, t.close).start()
+    try:
+        pair.recv_into(bytearray(4))
+        return "no error"
+    except TransportError as e:
+        return str(e)
+
+
+@pytest.mark.timeout(60)
+def test_close_wakes_a_blocked_receive() -> None:
+    results = spawn_ranks(_close_wakes, 2, timeout=40)
+    assert results[0].ok and "closed by this rank" in results[0].value, results[0]
+    assert not results[1].ok and "rank 0" in str(results[1].value), results[1]
+
+
+def _collectives(rank: int, single_copy: bool) -> dict[str, bool]:
+    import numpy as np
+
+    from hora.collectives import hierarchical, registry
+    from hora.collectives.base import GroupComm
+    from hora.collectives.reduce_ops import MAX, SUM, reducer
+
+    t = _transport(rank, single_copy)
+    comm = GroupComm(t)
+    n = comm.size
+    out: dict[str, bool] = {}
+    for count in (5, 40_000, 1_000_003):
+        base = np.arange(count, dtype=np.float64) % 17
+        for name, op, want in (("sum", SUM, base * n + sum(range(n))), ("max", MAX, base + n - 1)):
+            buf = base + rank
+            registry.allreduce(comm, buf, "float64", op)
+            out[f"allreduce {name} {count}"] = bool(np.array_equal(buf, want))
+            buf = base + rank
+            hierarchical.allreduce_direct(comm, buf, reducer(op, "float64"))
+            out[f"direct {name} {count}"] = bool(np.array_equal(buf, want))
+        counts = [count // 3 + r for r in range(n)]
+        recv = np.empty(sum(counts), np.int32)
+        registry.allgatherv_ring(comm, np.full(counts[rank], rank, np.int32), recv, counts)
+        out[f"allgather {count}"] = bool(np.array_equal(recv, np.repeat(np.arange(n), counts)))
+        buf = np.full(count, rank, np.float32)
+        registry.broadcast_tree(comm, buf, 1)
+        out[f"broadcast {count}"] = bool((buf == 1).all())
+        send = np.concatenate([np.full(count // 4 + r, rank, np.int64) for r in range(n)])
+        sends = [count // 4 + r for r in range(n)]
+        recvs = [count // 4 + rank] * n
+        got = np.empty(sum(recvs), np.int64)
+        registry.alltoallv_pairwise(comm, send, sends, got, recvs)
+        out[f"alltoall {count}"] = bool(np.array_equal(got, np.repeat(np.arange(n), recvs)))
+    registry.barrier(comm)
+    t.close()
+    return out
+
+
+@pytest.mark.timeout(150)
+@MODES
+def test_hora_collectives_run_over_shared_memory_pairs(single_copy: bool) -> None:
+    for rank, out in enumerate(run_ranks(_collectives, 3, args=(single_copy,), timeout=120)):
+        bad = [k for k, ok in out.items() if not ok]
+        assert not bad, f"rank {rank}: wrong results for {bad}"
+
+
+def test_only_the_data_channel_travels_over_shared_memory() -> None:
+    import secrets
+
+    from hora.transport.base import CONTROL
+    from hora.transport.shm import ShmTransport
+
+    with ShmTransport(0, 2, secrets.token_bytes(16), "test/unit") as t:
+        with pytest.raises(ValueError, match="DATA channel"):
+            t.pair(1, CONTROL)
+        with pytest.raises(ValueError, match="another rank"):
+            t.pair(0)
+    with pytest.raises(ValueError, match="outside"):
+        ShmTransport(2, 2, b"k", "test/unit")
