@@ -62,6 +62,7 @@ class SetState:
         self.member_epoch = dict.fromkeys(range(self.size), 0)
         self.table: OrderedDict[str, _Pending] = OrderedDict()
         self.ready: list[TensorSpec] = []
+        self.ready_since = 0.0  # when ``ready`` last became non-empty
         self.groups: dict[str, list[TensorSpec]] = {}
         self.joined: set[int] = set()
         self.last_joined = -1
@@ -137,6 +138,8 @@ class Coordinator:
         if not all(r in pend.requests or r in st.joined for r in range(st.size)):
             return
         del st.table[name]
+        if not st.ready:
+            st.ready_since = time.monotonic()
         spec_or_error = self._validate(st, pend.requests)
         if isinstance(spec_or_error, str):
             full = pend.requests[min(pend.requests)].name
@@ -265,10 +268,20 @@ class Coordinator:
         return ""
 
     # -- output -----------------------------------------------------------------------------
-    def take_responses(self) -> list[tuple[SetState, list[Response]]]:
-        """Ready work of every set, fused, in the order it became ready."""
+    def take_responses(
+        self, now: float = 0.0, hold: float = 0.0
+    ) -> list[tuple[SetState, list[Response]]]:
+        """Ready work of every set, fused, in the order it became ready.
+
+        With ``hold`` > 0 (the cycle time, in seconds), a set whose ready tensors are still
+        small while other tensors of it are half-submitted waits up to ``hold`` after the
+        first became ready, so that a burst (a backward pass) travels in a few fused buffers
+        instead of many small ones. An op with nothing else in flight never waits.
+        """
         out: list[tuple[SetState, list[Response]]] = []
         for st in list(self.sets.values()):  # a response may add or remove a set
+            if st.ready and st.table and now - st.ready_since < hold and self._small(st):
+                continue
             responses = self._fuse(st.ready)
             st.ready = []
             for resp in responses:
@@ -284,6 +297,15 @@ class Coordinator:
             if responses:
                 out.append((st, responses))
         return out
+
+    def _small(self, st: SetState) -> bool:
+        total = 0
+        for spec in st.ready:
+            req = spec.request
+            if req.op not in FUSIBLE:
+                return False
+            total += itemsize(req.dtype) * _numel(req.shape)
+        return total < self.fusion_threshold
 
     def _apply_set_change(self, resp: Response) -> None:
         ranks = sorted(resp.specs[0].request.ranks or ())

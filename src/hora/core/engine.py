@@ -372,7 +372,8 @@ class Engine:
     # -- coordinator side (rank 0) ----------------------------------------------------------
     def _coordinate(self) -> None:
         assert self.coordinator is not None
-        for st, responses in self.coordinator.take_responses():
+        hold = self.settings.cycle_time_ms / 1000.0 if self.settings.fusion_threshold > 0 else 0.0
+        for st, responses in self.coordinator.take_responses(time.monotonic(), hold):
             wire = self.coordinator.encode(st, responses)
             data = None
             for r in st.ranks:

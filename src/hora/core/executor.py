@@ -86,7 +86,7 @@ class Executor:
             src = self._input(spec, entry)
             out = entry.output if entry is not None and entry.output is not None else None
             flat = out.reshape(-1) if out is not None else np.empty_like(src)
-            if flat is not src and not np.shares_memory(flat, src):
+            if flat.ctypes.data != src.ctypes.data:  # not in place
                 np.copyto(flat, src)
             self._reduce(comm, resp, flat, dtype, red, req.prescale, post, [(0, flat.size)], names)
             return [flat.reshape(spec.request.shape)]
@@ -149,7 +149,7 @@ class Executor:
         assert entry.array is not None
         root = comm.ranks.index(req.root)
         out = entry.output if entry.output is not None else np.empty_like(entry.array)
-        if comm.rank == root and not np.shares_memory(out, entry.array):
+        if comm.rank == root and out.ctypes.data != entry.array.ctypes.data:
             np.copyto(out, entry.array)
         self._act([req.name], f"{self.backend.name}_BCAST")
         self.backend.broadcast(comm, out.reshape(-1), root)
