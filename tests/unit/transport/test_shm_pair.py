@@ -70,7 +70,8 @@ def _exchange(rank: int, single_copy: bool) -> dict[str, Any]:
     tail = bytearray(10)
     pair.recv_into(tail)
     out["tail"] = bytes(tail)
-    maps = open("/proc/self/maps").read()
+    with open("/proc/self/maps") as f:
+        maps = f.read()
     out["memfd_mapped"] = "memfd:hora-staging" in maps
     out["dev_shm"] = _hora_in_dev_shm()
     t.close()
@@ -93,16 +94,16 @@ def test_frames_of_every_size_arrive_whole_and_in_order(single_copy: bool) -> No
 
 
 def _mismatch(rank: int, single_copy: bool, size: int) -> str:
+    import contextlib
+
     from hora.errors import TransportError
 
     t = _transport(rank, single_copy)
     pair = t.pair(1 - rank)
     if rank == 0:
         pair.isend(b"\1" * size)
-        try:
+        with contextlib.suppress(TransportError):
             pair.recv_into(bytearray(1))  # until rank 1 drops the pair
-        except TransportError:
-            pass
         return "sent"
     try:
         pair.recv_into(bytearray(size // 2))
