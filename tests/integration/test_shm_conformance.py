@@ -1,0 +1,127 @@
+"""The conformance battery over shared memory (the default between ranks of one host) and over
+TCP only (``HORA_SHM_DISABLE=1``), and large reductions, which take the direct shared-memory
+allreduce, for every dtype and op. Real processes; every test has a hard timeout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from conformance import battery
+from conformance.battery import CHECKS, run_battery
+from harness import spawn_ranks
+
+cloudpickle.register_pickle_by_value(battery)  # the workers cannot import the tests' packages
+
+NO_SHM = {"HORA_SHM_DISABLE": "1"}
+DEBUG = {"HORA_LOG_LEVEL": "DEBUG"}
+
+
+def _pair_kinds(rank: int) -> list[str]:
+    """The class of this rank's DATA and CONTROL pairs to every other rank."""
+    from hora.core import runtime
+    from hora.transport.base import CONTROL, DATA
+
+    transport = runtime.runtime().engine.transport
+    kinds = []
+    for peer in range(transport.size):
+        if peer != rank:
+            kinds.append(type(transport.pair(peer, DATA)).__name__)
+            kinds.append(type(transport.pair(peer, CONTROL)).__name__)
+    return kinds
+
+
+def _battery_with_pairs(rank: int) -> dict[str, Any]:
+    import hora as hvd
+
+    hvd.init()
+    kinds = _pair_kinds(rank)
+    return {"kinds": kinds, "battery": run_battery(rank)}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "tcp-only"])
+def test_battery(np_: int, shm: bool) -> None:
+    results = spawn_ranks(_battery_with_pairs, np_, timeout=200, env=None if shm else NO_SHM)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.status}\n{r.value}\n{r.stderr[-3000:]}"
+        want = ["ShmPair" if shm else "TcpPair", "TcpPair"] * (np_ - 1)
+        assert r.value["kinds"] == want, r.value["kinds"]
+        for check in CHECKS:
+            assert r.value["battery"].get(check) == "ok", (
+                f"rank {r.rank} {check}:\n{r.value['battery'].get(check)}"
+            )
+
+
+def _large(rank: int) -> dict[str, Any]:
+    import hashlib
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    size = hvd.size()
+    ops = {"sum": hvd.Sum, "min": hvd.Min, "max": hvd.Max, "product": hvd.Product}
+    ops["average"] = hvd.Average
+    dtypes = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
+    dtypes += ["bool", "bfloat16"]
+    n = 300_007  # odd, several inline frames or bulk frames per rank, above 64 KiB for uint8
+    bad, digest = [], hashlib.sha256()
+
+    def np_dtype(name: str) -> Any:
+        if name == "bfloat16":
+            import ml_dtypes
+
+            return ml_dtypes.bfloat16
+        return np.dtype(name)
+
+    def value(r: int, dtype: str, op: str) -> np.ndarray:
+        if dtype == "bool":
+            return (np.arange(n) + r) % 2 == 0
+        base = (np.arange(n) + r) % 2 + 1 if op == "product" else np.arange(n) % 5 + r + 1
+        return base.astype(np_dtype(dtype))
+
+    for dtype in dtypes:
+        for name, op in ops.items():
+            if dtype == "bool" and name == "average":
+                continue
+            got = hvd.allreduce(value(rank, dtype, name), op=op, name=f"{dtype}.{name}")
+            xs = np.array([value(r, dtype, name) for r in range(size)]).astype(np.float64)
+            want = {"sum": xs.sum(0), "average": xs.sum(0) / size, "min": xs.min(0)}.get(
+                name, xs.max(0) if name == "max" else xs.prod(0)
+            )
+            if dtype == "bool":
+                want = want != 0 if name in ("sum", "max") else xs.all(0)
+            elif name == "average" and np.dtype(np_dtype(dtype)).kind in "iu":
+                want = np.trunc(want)
+            ok = np.allclose(np.asarray(got).astype(np.float64), want.astype(np.float64), atol=0.05)
+            if not ok:
+                bad.append(f"{dtype} {name}")
+            digest.update(np.ascontiguousarray(got).tobytes())
+    big = np.arange(5 * (1 << 18) + 3, dtype=np.float32) * (rank + 1)  # 5 MiB, in place
+    hvd.allreduce(big, op=hvd.Sum, output=big, name="big")
+    want = np.arange(big.size, dtype=np.float32) * (size * (size + 1) // 2)
+    if not np.array_equal(big, want):
+        bad.append("5 MiB float32 in place")
+    counts = [70_000 + 13 * r for r in range(size)]
+    gathered = hvd.allgather(np.full((counts[rank], 2), rank, np.float64), name="gather")
+    if not np.array_equal(gathered[:, 0], np.repeat(np.arange(size), counts)):
+        bad.append("allgather")
+    hvd.shutdown()
+    return {"bad": bad, "digest": digest.hexdigest()}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_large_reductions_every_dtype_and_op_over_shared_memory(np_: int) -> None:
+    results = spawn_ranks(_large, np_, timeout=200, env=DEBUG)
+    for r in results:
+        assert r.ok, f"rank {r.rank}: {r.status}\n{r.value}\n{r.stderr[-3000:]}"
+        assert r.value["bad"] == [], r.value["bad"]
+        assert "allreduce: direct over shared memory" in r.stderr
+    # each block is reduced by one rank and then copied: every rank holds the same bits
+    assert len({r.value["digest"] for r in results}) == 1
