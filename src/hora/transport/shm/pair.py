@@ -47,7 +47,7 @@ from hora.transport.tcp.wire import hard_close, recv_exact_into
 HEADER = struct.Struct("=BBxxIQQ")  # kind, slot, chunk bytes, total bytes, address
 EAGER, PULL, STAGED, MSG = 1, 2, 3, 4
 KIND_NAMES = {EAGER: "inline data", PULL: "single-copy data", STAGED: "staged data", MSG: "message"}
-EAGER_LIMIT = 64 << 10
+EAGER_LIMIT = 256 << 10  # inline below: cheaper than a pull and its acknowledgement
 REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays in cache)
 _ACK = b"\x06"
 _SLOT = object()  # an acknowledgement that frees a staging slot
@@ -264,8 +264,8 @@ class ShmPair:
         ``buf`` is a 1-D C-contiguous typed array; ``scratch`` (any dtype, C-contiguous) holds
         pieces of the frame when it has ``REDUCE_CHUNK`` bytes, else scratch is allocated.
         """
-        if scratch.nbytes < REDUCE_CHUNK:
-            scratch = np.empty(REDUCE_CHUNK, np.uint8)
+        if scratch.nbytes < max(REDUCE_CHUNK, EAGER_LIMIT):
+            scratch = np.empty(max(REDUCE_CHUNK, EAGER_LIMIT), np.uint8)
         tmp = scratch.reshape(-1).view(np.uint8)
         self._receiver.drain()
         self._recv(as_bytes(buf), (buf, reduce, tmp))

@@ -17,6 +17,7 @@ rank to ask for the pair. ``pair`` and ``close`` are thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -42,6 +43,7 @@ _CONTEXT = struct.Struct("!iiB")  # connecting rank, accepting rank, direction; 
 _PROBE = struct.Struct("=Q16s")  # address of the probe bytes, and the bytes themselves
 _SINGLE_COPY, _STAGED = b"C", b"S"
 _TOWARD_ACCEPTOR, _TOWARD_CONNECTOR = 0, 1
+_SOCKET_BUFFER = 1 << 20
 
 
 def available() -> bool:
@@ -186,6 +188,8 @@ class ShmTransport:
     def _setup(self, sock: socket.socket, sending: bool) -> Link:
         """Agree how payloads of this direction travel: single copy, or a staging area."""
         sock.settimeout(self._timeout)
+        with contextlib.suppress(OSError):  # room for whole inline frames (the kernel caps it)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
         if sending:
             probe = bytearray(os.urandom(16))
             sock.sendall(_PROBE.pack(cma.address(memoryview(probe)), bytes(probe)))
