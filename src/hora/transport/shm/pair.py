@@ -50,7 +50,6 @@ KIND_NAMES = {EAGER: "inline data", PULL: "single-copy data", STAGED: "staged da
 EAGER_LIMIT = 256 << 10  # inline below: cheaper than a pull and its acknowledgement
 REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays in cache)
 _ACK = b"\x06"
-_SLOT = object()  # an acknowledgement that frees a staging slot
 _DONE = ShmWork(done=True)  # shared by every isend that completed at once
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]
@@ -83,7 +82,7 @@ class ShmPair:
         self._lock = threading.Condition()  # guards the fields below
         self._closed = False
         self._error: TransportError | None = None
-        self._unacked: deque[object] = deque()  # ShmWork (PULL) or _SLOT, in frame order
+        self._unacked: deque[tuple[ShmWork | None, memoryview | None]] = deque()  # frame order
         self._free_slots = SLOTS
         self._next_slot = 0
         self._acker: threading.Thread | None = None
@@ -114,12 +113,10 @@ class ShmPair:
             head = HEADER.pack(EAGER, 0, view.nbytes, view.nbytes, 0)
             return self._write_soon([head, view])
         if self._out.single_copy:
-            acked = ShmWork()
             try:
-                self._expect_ack(acked)
+                acked, head = self._announce(view)
             except TransportError as e:
                 return ShmWork(e)
-            head = HEADER.pack(PULL, 0, 0, view.nbytes, cma.address(view))
             written = self._write_soon([head], then=acked.wait)
             return acked if written.done() else written
         return self._sender.submit(partial(self._send_blocking, view))
@@ -137,10 +134,9 @@ class ShmPair:
         if total <= EAGER_LIMIT:
             self._write([HEADER.pack(EAGER, 0, total, total, 0), view])
         elif self._out.single_copy:
-            work = ShmWork()
-            self._expect_ack(work)
-            self._write([HEADER.pack(PULL, 0, 0, total, cma.address(view))])
-            work.wait()
+            acked, head = self._announce(view)
+            self._write([head])
+            acked.wait()
         else:
             staging = self._out.staging
             assert staging is not None
@@ -185,12 +181,19 @@ class ShmPair:
 
     # -- acknowledgements (the ack thread) ----------------------------------------------------
 
-    def _expect_ack(self, item: object) -> None:
-        """Register a frame that the peer will acknowledge (before the frame is written)."""
+    def _announce(self, view: memoryview) -> tuple[ShmWork, bytes]:
+        """Register a single-copy frame of ``view``: its Work (done when acknowledged), header."""
+        work = ShmWork()
+        self._expect_ack(work, view)
+        return work, HEADER.pack(PULL, 0, 0, view.nbytes, cma.address(view))
+
+    def _expect_ack(self, work: ShmWork | None, keep: memoryview | None = None) -> None:
+        """Register a frame the peer will acknowledge, before it is written: a single-copy
+        frame (its Work, and its buffer kept alive until then) or a staging slot (None)."""
         with self._lock:
             gone = self._out_gone
             if not self._closed and not gone:
-                self._unacked.append(item)
+                self._unacked.append((work, keep))
                 if self._acker is None:
                     self._acker = threading.Thread(
                         target=self._ack_loop, name=f"hora-shm-ack-{self.peer}", daemon=True
@@ -209,7 +212,7 @@ class ShmPair:
                 self._free_slots -= 1
                 slot = self._next_slot
                 self._next_slot = (slot + 1) % SLOTS
-        self._expect_ack(_SLOT)  # raises if the wait ended without a slot
+        self._expect_ack(None)  # raises if the wait ended without a slot
         return slot
 
     def _ack_loop(self) -> None:
@@ -234,17 +237,16 @@ class ShmPair:
                 else:
                     problem = ""
                     for _ in range(got):
-                        item = self._unacked.popleft()
-                        if item is _SLOT:
+                        work, _ = self._unacked.popleft()
+                        if work is None:
                             self._free_slots += 1
                         else:
-                            done.append(item)
+                            done.append(work)
                     self._lock.notify_all()
             if problem:
                 self._fail(f"malformed frame from {self._what}: {problem}")
                 return
             for work in done:
-                assert isinstance(work, ShmWork)
                 work.finish()
 
     # -- receiving (engine thread, or the receive lane) ---------------------------------------
@@ -375,7 +377,7 @@ class ShmPair:
             self._closed = True
             if self._error is None:
                 self._error = TransportError(f"connection to {self._what} was closed by this rank")
-            pending = [w for w in self._unacked if isinstance(w, ShmWork)]
+            pending = [work for work, _ in self._unacked if work is not None]
             self._unacked.clear()
             self._lock.notify_all()
         self._sender.close()
