@@ -85,12 +85,13 @@ def test_short_scaling_run_fills_the_tables_and_writes_the_files(tmp_path: Path)
 
 @pytest.mark.timeout(120)
 def test_a_failing_configuration_is_reported_not_fatal(tmp_path: Path) -> None:
-    proc = _hora("bench", "scaling", *SHORT, "--np", "1", "--backends", "native",
-                 "--examples-dir", str(tmp_path), timeout=100)  # fmt: skip
+    proc = _hora("bench", "scaling", *SHORT, "--np", "1", "--backends", "native", "--repeat",
+                 "2", "--examples-dir", str(tmp_path), timeout=100)  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "mlp native 1 server x 1 failed:" in proc.stderr
+    assert "mlp native 1 server x 1 (round 2/2) failed:" in proc.stderr
     assert "FileNotFoundError" in proc.stderr and "--examples-dir" in proc.stderr
-    assert "failed mlp native 1x1:" in proc.stdout
+    assert "failed mlp native 1x1 (round 1):" in proc.stdout
+    assert "failed mlp native 1x1 (round 2):" in proc.stdout
 
 
 @pytest.mark.multihost

@@ -231,7 +231,9 @@ def sections(result: ScalingResult) -> list[tuple[str, Table, int]]:
 def _notes(result: ScalingResult) -> list[str]:
     lines = [f"skipped {b}: {why}" for b, why in result.skipped.items()]
     lines += [
-        f"failed {f['model']} {f['backend']} {f['servers']}x{f['per_server']}: {f['reason']}"
+        f"failed {f['model']} {f['backend']} {f['servers']}x{f['per_server']}"
+        + (f" (round {f['round']})" if result.meta.get("repeat", 1) > 1 else "")
+        + f": {f['reason']}"
         for f in result.failed
     ]
     if not any(r["servers"] > 1 for r in result.rows):
@@ -243,8 +245,9 @@ def headline(meta: dict[str, Any]) -> str:
     batches = ", ".join(f"{m} {b}" for m, b in meta.get("batch_sizes", {}).items())
     return (
         f"hora bench scaling ({meta.get('date', '')}): batch per process {batches}; "
-        f"{meta.get('steps')} timed steps after {meta.get('warmup')} warm-up; "
-        f"{meta.get('threads')} torch thread(s) per process. Step time: mean ± standard "
+        f"{meta.get('steps')} timed steps after {meta.get('warmup')} warm-up"
+        + (f", best of {meta['repeat']} rounds; " if meta.get("repeat", 1) > 1 else "; ")
+        + f"{meta.get('threads')} torch thread(s) per process. Step time: mean ± standard "
         "deviation over steps (a step lasts as long as its slowest rank); comm wait: share of a "
         "step spent in optimizer.synchronize() after backward" + _load_note(meta)
     )

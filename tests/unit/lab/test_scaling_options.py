@@ -168,3 +168,37 @@ def test_collect_describes_this_host() -> None:
     assert all(isinstance(v, str) and v for v in env.values())
     assert "logical" in env["cores"] and env["python"].count(".") == 2
     assert env["framework"].startswith("torch ")
+
+
+def test_rounds_keep_each_configurations_best_and_record_failures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The round logic alone: the training runs are replaced by a table of outcomes."""
+    steps = {  # (np, round) -> mean step time; None: that round fails
+        (1, 1): 0.30, (1, 2): 0.20, (1, 3): 0.25,
+        (2, 1): 0.40, (2, 2): None, (2, 3): 0.50,
+    }  # fmt: skip
+
+    def fake(config: scaling.ScalingConfig, model: str, backend: str, place: Placement,
+             logdir: str, progress: scaling.Progress, round_: int) -> dict:  # fmt: skip
+        step = steps[(place.np, round_)]
+        if step is None:
+            raise RuntimeError("rank 1 exited")
+        return {"model": model, "backend": backend, "servers": 1, "per_server": place.np,
+                "np": place.np, "step_mean_s": step, "step_std_s": 0.0, "comm_share": 0.1,
+                "throughput": place.np / step}  # fmt: skip
+
+    monkeypatch.setattr(scaling, "run_configuration", fake)
+    config = scaling.ScalingConfig(models=["mlp"], backends=["native"], repeat=3)
+    stream = io.StringIO()
+    rows, failed = scaling._measure_all(config, ["native"], scaling.Progress(stream, 6), "/x")
+    assert [(r["np"], r["step_mean_s"], r["round_step_means_s"]) for r in rows] == [
+        (1, 0.20, [0.30, 0.20, 0.25]), (2, 0.40, [0.40, 0.50]),
+    ]  # fmt: skip
+    assert failed == [{"model": "mlp", "backend": "native", "round": 2, "servers": 1,
+                       "per_server": 2, "reason": "rank 1 exited"}]  # fmt: skip
+    out = stream.getvalue()
+    assert "mlp native 1 server x 2 (round 2/3) failed: rank 1 exited" in out
+    assert "[6/6] mlp native 1x2: 500.0 ± 0.0 ms/step" in out and "speedup 0.80" in out
+    with pytest.raises(ValueError, match="--repeat 0"):
+        scaling.ScalingConfig(repeat=0)
