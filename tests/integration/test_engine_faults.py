@@ -133,8 +133,11 @@ def _stall(rank: int) -> str:
 
 @pytest.mark.timeout(90)
 def test_stall_inspector_names_missing_ranks_then_shuts_down() -> None:
-    env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HORA_STALL_CHECK_TIME_SECONDS": "1",
-           "HORA_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+    env = {
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "1",
+        "HORA_STALL_CHECK_TIME_SECONDS": "1",
+        "HORA_STALL_SHUTDOWN_TIME_SECONDS": "3",
+    }
     results = spawn_ranks(_stall, 2, timeout=60, env=env)
     assert all(r.ok for r in results), [r.stderr for r in results]
     for r in results:

@@ -90,8 +90,9 @@ def test_dynamic_process_sets() -> None:
     assert out[0]["sum"] == out[1]["sum"] == 2.0 and "sum" not in out[2]
     assert all("duplicate" in o["dup"] for o in out)
     assert all(o["removed"] is True for o in out)
-    assert all("has not been registered" in o["after"] or "does not exist" in o["after"]
-               for o in out)
+    assert all(
+        "has not been registered" in o["after"] or "does not exist" in o["after"] for o in out
+    )
     assert [o["id2"] for o in out] == [2, 2, 2]
     assert out[1]["sum2"] == out[2]["sum2"] == 2.0
     assert all("Mismatched process set registration" in o["mismatch"] for o in out)
@@ -168,9 +169,21 @@ def test_timeline_records_negotiation_and_phases(tmp_path) -> None:  # type: ign
     with open(path) as f:
         events = json.load(f)
     names = {e.get("name") for e in events}
-    for expected in ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "NEGOTIATE_ALLGATHER", "ALLGATHER",
-                     "BROADCAST", "TCP_ALLREDUCE", "QUEUE", "0", "1"):
+    for expected in (
+        "NEGOTIATE_ALLREDUCE",
+        "ALLREDUCE",
+        "NEGOTIATE_ALLGATHER",
+        "ALLGATHER",
+        "BROADCAST",
+        "TCP_ALLREDUCE",
+        "QUEUE",
+        "0",
+        "1",
+    ):
         assert expected in names, (expected, sorted(n for n in names if n))
-    tensors = {e["args"]["name"] for e in events
-               if e.get("ph") == "M" and e.get("name") == "process_name" and e.get("pid")}
+    tensors = {
+        e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name" and e.get("pid")
+    }
     assert {"allreduce.tl.grad", "broadcast.tl.bcast"} <= tensors, tensors
