@@ -4,7 +4,8 @@
   backend (and per processes-per-server count for runs across servers), with ideal linear
   scaling dashed;
 - ``breakdown.png``: each configuration's mean step split into compute (forward, backward and
-  update), communication wait and data loading, one panel per model, the wait share on top;
+  update), communication wait and data loading, one panel per model, the wait share on top,
+  one legend for all panels;
 - ``comparison.png`` (``hora bench report A B``): B's throughput over A's per configuration.
 
 Pure functions of their arguments that write one file each; thread-safe (own Figure objects).
@@ -94,7 +95,7 @@ def plot_breakdown(result: ScalingResult, path: str | Path) -> None:
     models = result.models()
     if not models:
         raise ValueError("no results to plot")
-    cols = min(3, len(models))
+    cols = 2 if len(models) in (2, 4) else min(3, len(models))
     rows_n = (len(models) + cols - 1) // cols
     fig = _figure(max(6.0, 4.6 * cols), 4.4 * rows_n)
     axes = fig.subplots(rows_n, cols, squeeze=False).ravel()
@@ -129,14 +130,16 @@ def plot_breakdown(result: ScalingResult, path: str | Path) -> None:
             )
         ax.set_title(f"{model}: mean step by phase (label: comm wait share)", fontsize=10)
         ax.set_ylabel("time per step (ms)")
-        ax.set_xlabel("backend, processes (p), servers (srv)")
+        several = any(r["servers"] > 1 for r in mine)
+        ax.set_xlabel("backend, processes (p)" + (", servers (srv)" if several else ""))
         ax.tick_params(axis="x", labelsize=8)
         ax.set_ylim(0, max(bottom) * 1.15)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
     for ax in axes[len(models) :]:
         ax.set_visible(False)
-    fig.tight_layout()
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=9)
+    fig.tight_layout(rect=(0, 0.9 / (4.4 * rows_n), 1, 1))
     fig.savefig(path, format="png")
 
 

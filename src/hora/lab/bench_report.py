@@ -236,6 +236,13 @@ def _notes(result: ScalingResult) -> list[str]:
         + f": {f['reason']}"
         for f in result.failed
     ]
+    above = [r for r in derive(result.rows) if r["efficiency"] and r["efficiency"] > 1.05]
+    if above:
+        lines.append(
+            f"{len(above)} configuration(s) scale better than linearly: their one-process run "
+            "was slowed by other work on the machine (see the load average); rerun with "
+            "--repeat 3 or on a quiet machine"
+        )
     if not any(r["servers"] > 1 for r in result.rows):
         lines.append("no run across servers: give -H host1:N,host2:N or --hostfile for that table")
     return lines

@@ -141,7 +141,9 @@ def test_text_and_markdown_show_every_section_and_the_notes() -> None:
                   "Environment", "skipped nccl: needs an NVIDIA GPU", "failed cnn mpi 1x2: boom"):  # fmt: skip  # noqa: E501
         assert title in text
     assert "Speedup across servers: lstm" not in text
-    assert "Load average" not in text
+    assert "Load average" not in text and "better than linearly" not in text
+    fast = _result([*ROWS[:1], _row("cnn", "native", 1, 2, 0.09)])
+    assert "1 configuration(s) scale better than linearly" in br.render_text(fast)
     loaded = _result()
     loaded.meta.update(load_before=[1.5, 1, 1], load_after=[2.25, 1, 1])
     assert "Load average (1 min) of this host: 1.5 before, 2.25 after" in br.render_text(loaded)
