@@ -14,12 +14,15 @@ Gloo gathers equal pieces only, so an uneven allgather pads every piece to the l
 
 Threads: the constructor and the global set's registration run in the user thread during
 ``init``; every other method runs on the engine thread only. Gloo's own threads do the work
-while the engine thread waits. Not thread-safe.
+while the engine thread waits; its busy-polling TCP loop threads run at the lowest priority
+(see ``_lower_loop_priority``). Not thread-safe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -50,6 +53,26 @@ _BOOL_OPS: dict[int, Any] = {  # on 0/1 bytes: MAX is or, MIN is and
     MIN: dist.ReduceOp.MIN,
     PRODUCT: dist.ReduceOp.MIN,
 }
+
+
+def _lower_loop_priority() -> None:
+    """Give Gloo's TCP loop threads the lowest priority (nice 19).
+
+    The loop thread polls its sockets busily while a collective is in flight. hora binds each
+    local rank to its own slice of cores, so on a small host the loop shares one core with
+    Gloo's workers and the engine thread and delays each of their wake-ups by a scheduler tick.
+    At nice 19 the others run first and the loop still gets every idle cycle: at np 2 on 2
+    cores a 4 KiB allreduce through hora went from about 2-3 ms to 0.5 ms, 64 MiB from 42 to
+    26-30 ms. Linux only; elsewhere, or without /proc, nothing changes.
+    """
+    tasks = "/proc/self/task"
+    if not hasattr(os, "setpriority") or not os.path.isdir(tasks):
+        return
+    for tid in os.listdir(tasks):
+        # OSError: a thread that ended meanwhile
+        with contextlib.suppress(OSError), open(f"{tasks}/{tid}/comm") as f:
+            if f.read().strip() == "gloo_tcp_loop":
+                os.setpriority(os.PRIO_PROCESS, int(tid), 19)
 
 
 class StoreAdapter(dist.Store):
@@ -115,7 +138,9 @@ class GlooBackend:
         opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self._host)]
         opts._timeout = self._timeout
-        return dist.ProcessGroupGloo(store, rank, size, opts)
+        group = dist.ProcessGroupGloo(store, rank, size, opts)
+        _lower_loop_priority()
+        return group
 
     def remove_process_set(self, ps_id: int, ranks: list[int]) -> None:
         self._groups.pop(ps_id, None)

@@ -4,6 +4,7 @@ engine. Each thread is joined with a timeout, so a hang fails the test."""
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from collections.abc import Callable
@@ -137,3 +138,17 @@ def test_world_of_one_needs_no_store() -> None:
     assert x.tolist() == [0, 1, 2, 3] and y.tolist() == [0.0, 1.0, 2.0, 3.0]
     backend.barrier(comm)
     backend.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_gloo_loop_threads_yield_to_the_others() -> None:
+    backend = GlooBackend(BackendContext(0, 1, 0, 1, 0, 1, load({})))
+    backend.add_process_set(0, [0])
+    loops = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            if f.read().strip() == "gloo_tcp_loop":
+                loops.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+    backend.close()
+    assert loops and all(nice == 19 for nice in loops), loops
