@@ -1,6 +1,6 @@
 """hora over the Gloo and NCCL backends, on real processes: the whole conformance battery at
-np 2 and 3 through Gloo, process sets and the ``*_enabled`` flags, a peer killed inside a Gloo
-collective, and clear errors for backends this machine cannot run. ``sets_and_flags`` is also
+np 2 and 3 through Gloo, process sets and the ``*_enabled`` flags, ``hora run --gloo``, a peer
+killed inside a Gloo collective, and clear errors for backends this machine cannot run. ``sets_and_flags`` is also
 run under mpirun by ``test_backends_mpi.py``."""
 
 from __future__ import annotations
@@ -158,11 +158,6 @@ def _killed_in_collective(rank: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: entries taken from the table for execution are not failed when the backend "
-    "raises, so synchronize() waits forever (the native backend does the same)",
-)
 def test_gloo_peer_killed_inside_a_collective_fails_the_others() -> None:
     results = spawn_ranks(_killed_in_collective, 3, timeout=40, env=GLOO)
     assert results[1].status == "died" and results[1].returncode == -9
