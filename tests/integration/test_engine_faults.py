@@ -55,6 +55,43 @@ def test_sigkilled_peer_fails_every_other_rank_quickly() -> None:
         assert out["seconds"] < 10, out
 
 
+def _killed_mid_collective(rank: int) -> dict[str, object]:
+    import os
+    import signal
+    import threading
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    x = np.ones(8 << 20, dtype=np.float32)  # 32 MiB: the ranks spend their time inside the op
+    hvd.allreduce(x, op=hvd.Sum, output=x, name="warm")
+    if rank == 1:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    try:
+        for i in range(10_000):
+            hvd.allreduce(x, op=hvd.Sum, output=x, name=f"step{i % 2}")
+        return {"error": "no error"}
+    except hvd.HorovodInternalError as e:
+        return {"error": str(e), "seconds": time.monotonic() - t0}
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("shm", ["0", "1"], ids=["shm", "tcp"])
+def test_peer_killed_inside_a_collective_fails_the_others(shm: str) -> None:
+    results = spawn_ranks(_killed_mid_collective, 3, timeout=60, env={"HORA_SHM_DISABLE": shm})
+    assert results[1].status == "died" and results[1].returncode == -9
+    for r in (results[0], results[2]):
+        assert r.ok, r.stderr
+        assert "has been shut down" in r.value["error"], r.value
+        assert r.value["seconds"] < 10, r.value  # the spec's liveness bound
+
+
 def _stranger(rank: int) -> float:
     import socket
 

@@ -318,15 +318,18 @@ class Engine:
                 if entry is not None:
                     entry.fail(HoraInternalError(resp.error))
         elif op in (OpType.ALLREDUCE, OpType.ADASUM):
-            entries = [ms.table.pop(k, None) for k in keys]
+            # Entries stay in the table until done: if the backend raises, the failure path
+            # fails them with everything else instead of leaving their handles waiting.
+            entries = [ms.table.get(k) for k in keys]
             if not ms.joined and any(e is None for e in entries):
                 missing = [n for n, e in zip(names, entries) if e is None]
                 raise HoraInternalError(
                     f"rank {self.rank} was told to reduce {missing}, which it never submitted"
                 )
             results = self.executor.allreduce(ms.comm, resp, entries)
-            for e, r in zip(entries, results):
+            for k, e, r in zip(keys, entries, results):
                 if e is not None:
+                    del ms.table[k]
                     e.complete(r)
         elif op == OpType.BARRIER:
             ms.table.pop("barrier").complete(None)
@@ -346,7 +349,7 @@ class Engine:
             ms.table.pop(spec.request.match).complete(resp.process_set_id)
         else:
             spec = resp.specs[0]
-            entry = ms.table.pop(spec.request.match)
+            entry = ms.table[spec.request.match]
             ex = self.executor
             fn = {
                 OpType.ALLGATHER: ex.allgather,
@@ -354,7 +357,9 @@ class Engine:
                 OpType.ALLTOALL: ex.alltoall,
                 OpType.REDUCESCATTER: ex.reducescatter,
             }[op]
-            entry.complete(fn(ms.comm, spec, entry))
+            result = fn(ms.comm, spec, entry)
+            del ms.table[spec.request.match]
+            entry.complete(result)
         if tl is not None:
             for s in resp.specs:
                 tl.end(s.request.name, s.request.dtype, s.request.shape)
