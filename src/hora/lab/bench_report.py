@@ -150,11 +150,12 @@ def inter_table(rows: Sequence[Row], model: str, backends: Sequence[str] = ()) -
 
 
 def model_table(rows: Sequence[Row], backends: Sequence[str] = ()) -> Table:
-    """Compute against communication per model, at each model's largest process count."""
+    """Compute against communication per model, at each model's largest process count (every
+    placement of it: one server, several)."""
     derived = derive(rows)
     headers = [
-        "model", "parameters (M)", "gradients (MB)", "backend", "processes", "compute (ms)",
-        "comm wait (ms)", "data (ms)", "comm wait share", "speedup", "efficiency",
+        "model", "parameters (M)", "gradients (MB)", "backend", "servers x processes",
+        "compute (ms)", "comm wait (ms)", "data (ms)", "comm wait share", "speedup", "efficiency",
     ]  # fmt: skip
     body = []
     for model in dict.fromkeys(r["model"] for r in derived):
@@ -163,8 +164,8 @@ def model_table(rows: Sequence[Row], backends: Sequence[str] = ()) -> Table:
         for r in _order([r for r in mine if r["np"] == top], backends):
             body.append([
                 model, f"{r['params'] / 1e6:.2f}", f"{r['grad_bytes'] / 1e6:.1f}", r["backend"],
-                str(r["np"]), f"{(r['compute_s'] + r['update_s']) * 1e3:.1f}",
-                f"{r['wait_s'] * 1e3:.1f}", f"{r['data_s'] * 1e3:.1f}", _percent(r["comm_share"]),
+                f"{r['servers']}x{r['per_server']}",
+                f"{(r['compute_s'] + r['update_s']) * 1e3:.1f}", f"{r['wait_s'] * 1e3:.1f}", f"{r['data_s'] * 1e3:.1f}", _percent(r["comm_share"]),
                 _ratio(r["speedup"]), _percent(r["efficiency"]),
             ])  # fmt: skip
     return headers, body
