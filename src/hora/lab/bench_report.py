@@ -165,8 +165,9 @@ def model_table(rows: Sequence[Row], backends: Sequence[str] = ()) -> Table:
             body.append([
                 model, f"{r['params'] / 1e6:.2f}", f"{r['grad_bytes'] / 1e6:.1f}", r["backend"],
                 f"{r['servers']}x{r['per_server']}",
-                f"{(r['compute_s'] + r['update_s']) * 1e3:.1f}", f"{r['wait_s'] * 1e3:.1f}", f"{r['data_s'] * 1e3:.1f}", _percent(r["comm_share"]),
-                _ratio(r["speedup"]), _percent(r["efficiency"]),
+                f"{(r['compute_s'] + r['update_s']) * 1e3:.1f}", f"{r['wait_s'] * 1e3:.1f}",
+                f"{r['data_s'] * 1e3:.1f}", _percent(r["comm_share"]), _ratio(r["speedup"]),
+                _percent(r["efficiency"]),
             ])  # fmt: skip
     return headers, body
 
