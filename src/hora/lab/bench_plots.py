@@ -139,7 +139,7 @@ def plot_breakdown(result: ScalingResult, path: str | Path) -> None:
         ax.set_visible(False)
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=3, fontsize=9)
-    fig.tight_layout(rect=(0, 0.9 / (4.4 * rows_n), 1, 1))
+    fig.tight_layout(rect=(0, 0.45 / (4.4 * rows_n), 1, 1))
     fig.savefig(path, format="png")
 
 

@@ -163,10 +163,20 @@ def _nic(name: str) -> str:
     if model is None:
         ids = [_read(device / f) for f in ("vendor", "device")]
         model = f"{driver} {ids[0]}:{ids[1]}" if all(ids) else driver
+    rate = _speed(base) or "speed unknown"
+    return f"{name}: {model}, {rate}, {_read(base / 'operstate') or 'state unknown'}"
+
+
+def _speed(base: Path) -> str | None:
+    """``"10 Gb/s"`` from ``base/speed``; None when unknown (-1, unreadable)."""
     speed = _read(base / "speed")
     mbits = int(speed) if speed and speed.lstrip("-").isdigit() else -1
-    rate = "speed unknown" if mbits <= 0 else f"{mbits / 1000:g} Gb/s"
-    return f"{name}: {model}, {rate}, {_read(base / 'operstate') or 'state unknown'}"
+    return f"{mbits / 1000:g} Gb/s" if mbits > 0 else None
+
+
+def _virtual(base: Path) -> str:
+    speed = _speed(base)
+    return f"{base.name} {speed}" if speed else base.name
 
 
 def nics() -> str:
@@ -177,7 +187,7 @@ def nics() -> str:
     virtual = [n for n in names if n not in real and n != "lo"]
     parts = [_nic(n) for n in real] or ["none with a device"]
     if virtual:
-        parts.append(f"{len(virtual)} virtual ({', '.join(virtual)})")
+        parts.append(f"{len(virtual)} virtual ({', '.join(_virtual(root / n) for n in virtual)})")
     return "; ".join(parts)
 
 
