@@ -299,13 +299,15 @@ class ShmPair:
         else:
             done = 0
             while True:
+                if not 0 < chunk <= total - done:
+                    raise self._malformed(f"a staged piece of {chunk} bytes at {done} of {total}")
                 self._unstage(view, done, slot, chunk, fold)
                 self._ack()
                 done += chunk
-                if done >= total:
+                if done == total:
                     break
                 kind, slot, chunk, again, _ = self._read_header()
-                if kind != STAGED or again != total or chunk > total - done:
+                if kind != STAGED or again != total:
                     raise self._malformed("a staged payload was cut short")
 
     def _pull(
