@@ -1,7 +1,7 @@
 """hora over the Gloo and NCCL backends, on real processes: the whole conformance battery at
 np 2 and 3 through Gloo, process sets and the ``*_enabled`` flags, ``hora run --gloo``, a peer
-killed inside a Gloo collective, and clear errors for backends this machine cannot run. ``sets_and_flags`` is also
-run under mpirun by ``test_backends_mpi.py``."""
+killed inside a Gloo collective, and clear errors for what this machine or launch cannot run.
+``sets_and_flags`` is also run under mpirun by ``test_backends_mpi.py``."""
 
 from __future__ import annotations
 
@@ -181,6 +181,23 @@ def _init_error(rank: int) -> str:
 def test_unknown_backend_name_is_a_clear_error() -> None:
     (msg,) = run_ranks(_init_error, 1, timeout=30, env={"HOROVOD_CPU_OPERATIONS": "carrier"})
     assert "'carrier': unsupported backend" in msg and "gloo" in msg and "mpi" in msg
+
+
+def _init_comm_error(rank: int) -> str:
+    import hora as hvd
+
+    try:
+        hvd.init(comm=[0, 1])
+    except ValueError as e:
+        return str(e)
+    hvd.shutdown()
+    return "init succeeded"
+
+
+@pytest.mark.timeout(60)
+def test_init_comm_without_mpirun_is_a_clear_error() -> None:
+    for msg in run_ranks(_init_comm_error, 2, timeout=30):
+        assert "init(comm=...) needs a job started by MPI" in msg, msg
 
 
 @pytest.mark.timeout(60)

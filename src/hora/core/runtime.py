@@ -139,6 +139,10 @@ def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Ident
     """hora's world from MPI where no `hora run` store exists: ``init(comm=...)`` (an mpi4py
     communicator or ``COMM_WORLD`` ranks), or the MPI backend under a plain ``mpirun``. Rank 0
     of the communicator starts the store and broadcasts its address and a fresh secret."""
+    if comm is not None and identity.source == "hora" and identity.size > 1:
+        raise ValueError("init(comm=...) needs a job started by MPI (`hora run --mpi` or mpirun); "
+                         f"under `hora run` without --mpi each of the {identity.size} processes "
+                         "is an MPI world of its own")
     plain_mpirun = identity.source == "mpi" and not env_lookup(os.environ, "RENDEZVOUS_ADDR")
     if comm is None and not (plain_mpirun and backends.select(settings) == "mpi"):
         return identity, None
