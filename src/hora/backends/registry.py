@@ -52,8 +52,10 @@ def select(settings: Settings) -> str:
     name = ALIASES.get(raw, raw)
     if name not in BACKENDS:
         known = ", ".join(sorted(BACKENDS))
-        raise ValueError(f"HOROVOD_CPU_OPERATIONS/HOROVOD_CONTROLLER/HOROVOD_GPU_OPERATIONS="
-                         f"{raw!r}: unsupported backend (this build of hora has: {known})")
+        raise ValueError(
+            f"HOROVOD_CPU_OPERATIONS/HOROVOD_CONTROLLER/HOROVOD_GPU_OPERATIONS={raw!r}: "
+            f"unsupported backend (this build of hora has: {known})"
+        )
     return name
 
 

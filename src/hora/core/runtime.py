@@ -140,19 +140,31 @@ def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Ident
     communicator or ``COMM_WORLD`` ranks), or the MPI backend under a plain ``mpirun``. Rank 0
     of the communicator starts the store and broadcasts its address and a fresh secret."""
     if comm is not None and identity.source == "hora" and identity.size > 1:
-        raise ValueError("init(comm=...) needs a job started by MPI (`hora run --mpi` or mpirun); "
-                         f"under `hora run` without --mpi each of the {identity.size} processes "
-                         "is an MPI world of its own")
+        raise ValueError(
+            "init(comm=...) needs a job started by MPI (`hora run --mpi` or mpirun); under "
+            f"`hora run` without --mpi each of the {identity.size} processes is an MPI world of "
+            "its own"
+        )
     plain_mpirun = identity.source == "mpi" and not env_lookup(os.environ, "RENDEZVOUS_ADDR")
     if comm is None and not (plain_mpirun and backends.select(settings) == "mpi"):
         return identity, None
     from hora.backends.mpi import bootstrap
 
     job = bootstrap(comm, settings.gloo_iface)
-    return Identity(job.rank, job.size, job.local_rank, job.local_size, job.cross_rank,
-                    job.cross_size, identity.hostname, job.addr, job.port, job.secret, False,
-                    "mpi"), job
-
+    world = Identity(
+        rank=job.rank,
+        size=job.size,
+        local_rank=job.local_rank,
+        local_size=job.local_size,
+        cross_rank=job.cross_rank,
+        cross_size=job.cross_size,
+        hostname=identity.hostname,
+        rendezvous_addr=job.addr,
+        rendezvous_port=job.port,
+        secret=job.secret,
+        source="mpi",
+    )
+    return world, job
 
 def shutdown() -> None:
     global _runtime
