@@ -128,6 +128,15 @@ def check_inplace_async_grouped(hvd: Any, rank: int, size: int) -> None:
     assert len(got) == 5
     for k, g in enumerate(got):
         _close(g, np.full(k + 1, float(k * sum(range(size)))), "float32")
+    # one dtype per tensor: bfloat16 bits in uint16 storage beside float32
+    import ml_dtypes
+
+    bits = np.array([1.0, 2.0], dtype=ml_dtypes.bfloat16).view(np.uint16)
+    ra, rb = hvd.grouped_allreduce(
+        [bits, np.ones(3, np.float32)], op=hvd.Sum, dtype=["bfloat16", None], name="grp.mixed"
+    )
+    want = np.array([size, 2.0 * size], dtype=ml_dtypes.bfloat16).view(np.uint16)
+    assert ra.tolist() == want.tolist() and rb.tolist() == [float(size)] * 3
     h = hvd.grouped_allreduce_async([np.ones(3), np.ones(2)], op=hvd.Sum)
     got = hvd.synchronize(h)
     assert [g.tolist() for g in got] == [[float(size)] * 3, [float(size)] * 2]

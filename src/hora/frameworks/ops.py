@@ -146,19 +146,23 @@ def _prepare(
     kind: OpType,
     arrays: Sequence[Any],
     name: str | None,
-    dtype: str | None,
+    dtype: str | Sequence[str | None] | None,
     grouped: bool,
     finalize: Finalize,
     make: Callable[[np.ndarray, str, str], Request],
     ps_id: int,
     convert: Callable[[Any, np.dtype], Any] | None = None,
 ) -> tuple[list[Request], list[np.ndarray], Handle]:
-    """Validate arrays, build their requests, and a handle whose result is in user dtypes."""
+    """Validate arrays, build their requests, and a handle whose result is in user dtypes.
+
+    ``dtype`` is one name for every array, or (grouped ops) a sequence with one per array.
+    """
     handle = Handle()
     names = _names(kind.name.lower(), name, len(arrays) if grouped else None, ps_id)
+    dtypes = _per_array(dtype, len(arrays))
     reqs, arrs, udts = [], [], []
-    for n, x in zip(names, arrays):
-        arr, dt, udt = _array(x, dtype)
+    for n, x, d in zip(names, arrays, dtypes):
+        arr, dt, udt = _array(x, d)
         req = make(arr, dt, n)
         if grouped:
             req.group, req.group_size = names[0], len(names)
@@ -176,19 +180,30 @@ def _prepare(
     return reqs, arrs, handle
 
 
+def _per_array(dtype: Any, n: int) -> list[str | None]:
+    if dtype is None or isinstance(dtype, str):
+        return [dtype] * n
+    dts = list(dtype)
+    if len(dts) != n:
+        raise ValueError(f"dtype= gives {len(dts)} dtypes for {n} tensors")
+    return dts
+
+
 def _outputs(
-    outputs: Sequence[Any] | None, arrs: list[np.ndarray], dtype: str | None
+    outputs: Sequence[Any] | None,
+    arrs: list[np.ndarray],
+    dtype: str | Sequence[str | None] | None,
 ) -> list[np.ndarray | None]:
     if outputs is None:
         return [None] * len(arrs)
     outs: list[np.ndarray | None] = []
-    for o, a in zip(outputs, arrs):
+    for o, a, d in zip(outputs, arrs, _per_array(dtype, len(arrs))):
         if o is None:
             outs.append(None)
             continue
         if not isinstance(o, np.ndarray):
             raise TypeError("output must be a NumPy array")
-        ov = _array(o, dtype)[0]
+        ov = _array(o, d)[0]
         if ov.shape != a.shape or ov.dtype != a.dtype:
             raise ValueError(
                 f"output {ov.shape} {ov.dtype} does not match input {a.shape} {a.dtype}"
@@ -207,7 +222,7 @@ def _reduction(
     postscale_factor: float,
     process_set: ProcessSet | None,
     outputs: Sequence[Any] | None,
-    dtype: str | None,
+    dtype: str | Sequence[str | None] | None,
     finalize: Finalize,
 ) -> Handle:
     ps_id = _set_id(process_set)
@@ -274,7 +289,7 @@ def grouped_allreduce_async(
     postscale_factor: float = 1.0,
     process_set: ProcessSet | None = None,
     outputs: Sequence[Any] | None = None,
-    dtype: str | None = None,
+    dtype: str | Sequence[str | None] | None = None,
     finalize: Finalize = None,
     average: bool | None = None,
 ) -> Handle:
@@ -331,7 +346,7 @@ def grouped_reducescatter_async(
     process_set: ProcessSet | None = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
-    dtype: str | None = None,
+    dtype: str | Sequence[str | None] | None = None,
     finalize: Finalize = None,
 ) -> Handle:
     _nonempty(arrays, "grouped_reducescatter")
@@ -358,7 +373,7 @@ def _gather(
     grouped: bool,
     name: str | None,
     process_set: ProcessSet | None,
-    dtype: str | None,
+    dtype: str | Sequence[str | None] | None,
     finalize: Finalize,
 ) -> Handle:
     ps_id = _set_id(process_set)
@@ -390,7 +405,7 @@ def grouped_allgather_async(
     *,
     name: str | None = None,
     process_set: ProcessSet | None = None,
-    dtype: str | None = None,
+    dtype: str | Sequence[str | None] | None = None,
     finalize: Finalize = None,
 ) -> Handle:
     _nonempty(arrays, "grouped_allgather")
