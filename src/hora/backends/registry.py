@@ -13,11 +13,15 @@ Runs in the user thread during ``init``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from hora.backends.base import Backend
 from hora.settings import Settings
+
+log = logging.getLogger("hora.backends")
 
 # name -> "module:Class"; a backend registers here and loads lazily
 BACKENDS: dict[str, str] = {
@@ -47,8 +51,14 @@ class BackendContext:
 
 
 def select(settings: Settings) -> str:
-    chosen = settings.cpu_operations or settings.controller or settings.gpu_operations
-    raw = chosen.strip().lower()
+    chosen = settings.cpu_operations or settings.controller
+    if not chosen and settings.gpu_operations and _gpu_present():
+        chosen = settings.gpu_operations
+    elif not chosen and settings.gpu_operations:
+        # Horovod build environments often carry HOROVOD_GPU_OPERATIONS=NCCL; on a machine
+        # without a GPU it says nothing about CPU data, so it must not stop the job.
+        log.info("HOROVOD_GPU_OPERATIONS=%s ignored: no GPU here", settings.gpu_operations)
+    raw = (chosen or "").strip().lower()
     name = ALIASES.get(raw, raw)
     if name not in BACKENDS:
         known = ", ".join(sorted(BACKENDS))
@@ -64,6 +74,15 @@ def create(name: str, ctx: BackendContext) -> Backend:
     backend_cls = getattr(importlib.import_module(module), cls)
     backend: Backend = backend_cls(ctx) if _takes_context(backend_cls) else backend_cls()
     return backend
+
+
+def _gpu_present() -> bool:
+    """Whether PyTorch sees a CUDA device (imports torch only when a GPU backend was asked)."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _takes_context(cls: type) -> bool:

@@ -17,9 +17,6 @@ from hora.settings import load
         ({"HORA_CPU_OPERATIONS": "MPI"}, "mpi"),
         ({"HOROVOD_CONTROLLER": "gloo"}, "gloo"),
         ({"HOROVOD_CPU_OPERATIONS": "tcp"}, "native"),
-        ({"HOROVOD_GPU_OPERATIONS": "nccl"}, "nccl"),
-        ({"HOROVOD_GPU_ALLREDUCE": "NCCL"}, "nccl"),
-        ({"HOROVOD_GPU_OPERATIONS": "mpi"}, "mpi"),
         # a named CPU backend runs everything: CUDA tensors reach it staged through host memory
         ({"HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GPU_OPERATIONS": "nccl"}, "gloo"),
         ({"HOROVOD_CONTROLLER": "mpi", "HOROVOD_GPU_ALLREDUCE": "NCCL"}, "mpi"),
@@ -27,6 +24,25 @@ from hora.settings import load
 )
 def test_select(env: dict[str, str], want: str) -> None:
     assert registry.select(load(env)) == want
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({"HOROVOD_GPU_OPERATIONS": "nccl"}, "nccl"),
+        ({"HOROVOD_GPU_ALLREDUCE": "NCCL"}, "nccl"),
+        ({"HOROVOD_GPU_OPERATIONS": "mpi"}, "mpi"),
+    ],
+)
+def test_gpu_operations_choose_only_where_there_is_a_gpu(
+    env: dict[str, str], want: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "_gpu_present", lambda: True)
+    assert registry.select(load(env)) == want
+    # Horovod build scripts often export HOROVOD_GPU_OPERATIONS=NCCL: on a CPU-only machine
+    # it must not stop the job
+    monkeypatch.setattr(registry, "_gpu_present", lambda: False)
+    assert registry.select(load(env)) == "native"
 
 
 def test_unknown_backend_names_what_there_is() -> None:
