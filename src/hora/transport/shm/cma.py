@@ -65,10 +65,13 @@ def read(pid: int, dst: memoryview, src_addr: int) -> None:
     Raises OSError (``ESRCH`` once the process is gone, ``EPERM``/``EFAULT``/``ENOSYS``
     when the read is not allowed or the address is not mapped).
     """
+    read_to(pid, address(dst), dst.nbytes, src_addr)
+
+
+def read_to(pid: int, base: int, total: int, src_addr: int) -> None:
+    """:func:`read` into the ``total`` bytes at address ``base`` of this process."""
     if _READV is None:
         raise OSError(errno.ENOSYS, "process_vm_readv is not available on this platform")
-    total = dst.nbytes
-    base = address(dst)
     done = 0
     while done < total:
         local = _IoVec(base + done, total - done)

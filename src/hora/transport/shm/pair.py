@@ -318,12 +318,14 @@ class ShmPair:
                 cma.read(self._in.pid, view, addr)
                 return
             buf, reduce, tmp = fold
-            step = REDUCE_CHUNK - REDUCE_CHUNK % buf.itemsize
             per = buf.itemsize
+            step = REDUCE_CHUNK - REDUCE_CHUNK % per
+            incoming = tmp[:step].view(buf.dtype)
+            base = incoming.ctypes.data
             for start in range(0, view.nbytes, step):
                 size = min(step, view.nbytes - start)
-                cma.read(self._in.pid, as_bytes(tmp[:size]), addr + start)
-                reduce(buf[start // per : (start + size) // per], tmp[:size].view(buf.dtype))
+                cma.read_to(self._in.pid, base, size, addr + start)
+                reduce(buf[start // per : (start + size) // per], incoming[: size // per])
         except OSError as e:
             raise self._fail(f"single-copy read from {self._what} failed: {e}") from e
 
