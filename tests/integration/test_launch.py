@@ -55,7 +55,7 @@ def test_failed_rank_is_named_and_the_others_are_stopped(tmp_path) -> None:
         rank = int(os.environ["HORA_RANK"])
         print(f"pid={os.getpid()}", flush=True)
         if rank == 2:
-            time.sleep(1.0)
+            time.sleep(5.0)  # the others have started and printed, even on a loaded machine
             sys.exit(3)
         time.sleep(60)
     """,

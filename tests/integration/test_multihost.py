@@ -100,8 +100,9 @@ def test_four_ranks_on_two_hosts_allreduce(cluster: Cluster, tmp_path: Path) -> 
 @pytest.mark.timeout(120)
 def test_remote_failure_stops_every_rank_on_every_host(cluster: Cluster, tmp_path: Path) -> None:
     script = tmp_path / "fail.py"
+    # rank 3 fails after the others had time to start and print, even on a loaded machine
     script.write_text("import os, sys, time\nprint('up', flush=True)\n"
-                      "if os.environ['HORA_RANK'] == '3':\n    time.sleep(1)\n    sys.exit(3)\n"
+                      "if os.environ['HORA_RANK'] == '3':\n    time.sleep(8)\n    sys.exit(3)\n"
                       "time.sleep(100)\n")  # fmt: skip
     done = _run(cluster, ["-np", "4", "-H", "hostA:2,hostB:2", sys.executable, str(script)])
     assert done.returncode != 0
