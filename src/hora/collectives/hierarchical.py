@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,13 +39,6 @@ from hora.collectives.reduce_ops import Reducer, reducer
 from hora.transport.base import Pair, Work
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class ReducingPair(Protocol):
-    """A Pair that can fold an incoming frame into a typed buffer (the shared-memory pair)."""
-
-    def recv_reduce(self, buf: np.ndarray, reduce: Reducer, scratch: np.ndarray) -> None: ...
 
 
 class HostAware(Protocol):
@@ -181,9 +174,14 @@ def allgatherv(
 
 
 def recv_reduce(pair: Pair, buf: np.ndarray, reduce: Reducer, scratch: np.ndarray | None) -> None:
-    """Receive ``buf.nbytes`` from ``pair`` and fold them into ``buf`` with ``reduce``."""
-    if isinstance(pair, ReducingPair) and scratch is not None:
-        pair.recv_reduce(buf, reduce, scratch)
+    """Receive ``buf.nbytes`` from ``pair`` and fold them into ``buf`` with ``reduce``.
+
+    A pair with a ``recv_reduce(buf, reduce, scratch)`` method (the shared-memory pair) folds
+    the frame in as it arrives; any other receives into scratch, then reduces.
+    """
+    fold = getattr(pair, "recv_reduce", None)
+    if fold is not None and scratch is not None:
+        fold(buf, reduce, scratch)
         return
     if scratch is not None and scratch.nbytes >= buf.nbytes:
         tmp = scratch.reshape(-1).view(np.uint8)[: buf.nbytes].view(buf.dtype)
