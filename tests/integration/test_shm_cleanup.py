@@ -75,6 +75,45 @@ def test_a_rank_that_dies_leaves_nothing_behind(how: str) -> None:
     assert leftover == [], leftover
 
 
+def _killed_inside_a_collective(rank: int) -> dict[str, Any]:
+    import os
+    import signal
+    import threading
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    x = np.ones(4 << 20, np.float32)  # 16 MiB: the ranks spend their time moving data
+    hvd.allreduce(x, op=hvd.Sum, output=x, name="warm")
+    if rank == 1:  # dies while the ranks are inside one of the next allreduces
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    try:
+        for i in range(10_000):
+            hvd.allreduce(x, op=hvd.Sum, output=x, name=f"step{i % 2}")
+        error = "no error"
+    except hvd.HorovodInternalError as e:
+        error = str(e)
+    seconds = time.monotonic() - t0
+    hvd.shutdown()
+    return {"error": error, "seconds": seconds}
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_inside_a_shared_memory_collective_fails_the_others_quickly() -> None:
+    before = _dev_shm()
+    results = spawn_ranks(_killed_inside_a_collective, 3, timeout=90)
+    assert results[1].status == "died" and results[1].returncode == -9
+    for r in (results[0], results[2]):
+        assert r.ok, f"rank {r.rank}: {r.status}\n{r.value}\n{r.stderr[-3000:]}"
+        assert "rank 1" in r.value["error"], r.value
+        assert r.value["seconds"] < 10, r.value
+    assert _dev_shm() - before == set()
+
+
 def _staged_then_killed(rank: int) -> str:
     import os
     import signal
