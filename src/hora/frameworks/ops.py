@@ -9,8 +9,7 @@ Thread-safe: any user thread may call these.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import cloudpickle
@@ -18,198 +17,22 @@ import numpy as np
 
 from hora.collectives.reduce_ops import ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM
 from hora.core import runtime as _rt
-from hora.core.executor import TensorEntry
-from hora.core.handles import Handle, HandleTable
+from hora.core.handles import Handle
 from hora.core.messages import OpType, Request
 from hora.core.process_sets import ProcessSet, resolve
-from hora.dtypes import FLOATING, name_of, storage_dtype
-from hora.errors import DUPLICATE_NAME_MESSAGE
+from hora.dtypes import FLOATING
+from hora.frameworks.submit import (
+    Finalize,
+    _handles,
+    _outputs,
+    _prepare,
+    _reduce_op,
+    _restore,
+    _set_id,
+    _submit,
+)
 
 Average, Sum, Adasum, Min, Max, Product = AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT
-_OPS = {AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT}
-
-_handles = HandleTable()
-_pending_lock = threading.Lock()
-_pending: dict[tuple[int, str], int] = {}  # (set id, name) -> 1 while in flight
-
-Finalize = Callable[[Any], Any] | None
-
-
-# -- validation -----------------------------------------------------------------------------
-def _set_id(process_set: ProcessSet | None) -> int:
-    rt = _rt.runtime()
-    ps = resolve(process_set)
-    if ps.process_set_id is None or ps.process_set_id not in rt.sets:
-        raise ValueError("Process set provided does not exist, or has not been registered.")
-    if rt.identity.rank not in ps.ranks:
-        raise ValueError(
-            f"rank {rt.identity.rank} is not a member of {ps!r}: only its ranks "
-            f"{ps.ranks} may run collectives on it"
-        )
-    return ps.process_set_id
-
-
-def _array(x: Any, dtype: str | None) -> tuple[np.ndarray, str, np.dtype]:
-    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
-    if not arr.flags.c_contiguous:
-        raise ValueError("Tensor is required to be contiguous.")
-    name = dtype if dtype is not None else name_of(arr.dtype)
-    if name == "bfloat16" and arr.dtype.itemsize != 2:
-        raise TypeError(f"dtype='bfloat16' needs 2-byte storage, got {arr.dtype}")
-    st = storage_dtype(name)
-    return (arr if arr.dtype == st else arr.view(st)), name, arr.dtype
-
-
-def _reduce_op(op: int | None, average: bool | None = None) -> int:
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op is None:
-        op = SUM if average is False else AVERAGE
-    if op not in _OPS:
-        raise ValueError(
-            f"unknown reduction op {op!r}: use hvd.Average, hvd.Sum, hvd.Adasum, "
-            "hvd.Min, hvd.Max or hvd.Product"
-        )
-    return int(op)
-
-
-def _names(kind: str, name: str | None, count: int | None, ps_id: int) -> list[str]:
-    """Horovod's names: ``<op>.<name>``, or ``<op>.noname.<n>`` when none was given.
-
-    ``n`` counts the unnamed ops of this kind on this process set, not handles (as Horovod
-    does), so ranks that also run ops on other sets still agree on the name.
-    """
-    if name:
-        base = f"{kind}.{name}"
-    else:
-        counters = _rt.runtime().auto_names
-        n = counters.get((ps_id, kind), 0)
-        counters[(ps_id, kind)] = n + 1
-        base = f"{kind}.noname.{n}"
-    return [base] if count is None else [f"{base}_{i}of{count}" for i in range(count)]
-
-
-def _restore(arr: np.ndarray, user_dtype: np.dtype) -> np.ndarray:
-    return arr if arr.dtype == user_dtype else arr.view(user_dtype)
-
-
-# -- submission -----------------------------------------------------------------------------
-def _submit(
-    ps_id: int,
-    requests: list[Request],
-    arrays: list[np.ndarray | None],
-    outputs: list[np.ndarray | None],
-    handle: Handle,
-    grouped: bool,
-) -> Handle:
-    """Enqueue one request per tensor; the handle completes when all of them have."""
-    rt = _rt.runtime()
-    keys = [(ps_id, r.match) for r in requests]
-    with _pending_lock:
-        for (_, name), req in zip(keys, requests):
-            if (ps_id, name) in _pending:
-                raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=req.op.name.lower(), name=name))
-        for k in keys:
-            _pending[k] = 1
-    results: list[Any] = [None] * len(requests)
-    left = [len(requests)]
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def settle(i: int, value: Any, error: BaseException | None) -> None:
-        with _pending_lock:
-            _pending.pop(keys[i], None)
-        with lock:
-            results[i] = value
-            if error is not None:
-                errors.append(error)
-            left[0] -= 1
-            if left[0]:
-                return
-        if errors:
-            handle.set_error(errors[0])
-        else:
-            handle.set_result(results if grouped else results[0])
-
-    entries = [
-        TensorEntry(
-            req, arr, out, (lambda v, i=i: settle(i, v, None)), (lambda e, i=i: settle(i, None, e))
-        )
-        for i, (req, arr, out) in enumerate(zip(requests, arrays, outputs))
-    ]
-    _handles.add(handle)
-    rt.engine.enqueue(ps_id, entries)
-    return handle
-
-
-def _prepare(
-    kind: OpType,
-    arrays: Sequence[Any],
-    name: str | None,
-    dtype: str | Sequence[str | None] | None,
-    grouped: bool,
-    finalize: Finalize,
-    make: Callable[[np.ndarray, str, str], Request],
-    ps_id: int,
-    convert: Callable[[Any, np.dtype], Any] | None = None,
-) -> tuple[list[Request], list[np.ndarray], Handle]:
-    """Validate arrays, build their requests, and a handle whose result is in user dtypes.
-
-    ``dtype`` is one name for every array, or (grouped ops) a sequence with one per array.
-    """
-    handle = Handle()
-    names = _names(kind.name.lower(), name, len(arrays) if grouped else None, ps_id)
-    dtypes = _per_array(dtype, len(arrays))
-    reqs, arrs, udts = [], [], []
-    for n, x, d in zip(names, arrays, dtypes):
-        arr, dt, udt = _array(x, d)
-        req = make(arr, dt, n)
-        if grouped:
-            req.group, req.group_size = names[0], len(names)
-        reqs.append(req)
-        arrs.append(arr)
-        udts.append(udt)
-    conv = convert or _restore
-
-    def post(res: Any) -> Any:
-        vals = [conv(r, u) for r, u in zip(res if grouped else [res], udts)]
-        out = vals if grouped else vals[0]
-        return finalize(out) if finalize is not None else out
-
-    handle._finalize = post
-    return reqs, arrs, handle
-
-
-def _per_array(dtype: Any, n: int) -> list[str | None]:
-    if dtype is None or isinstance(dtype, str):
-        return [dtype] * n
-    dts = list(dtype)
-    if len(dts) != n:
-        raise ValueError(f"dtype= gives {len(dts)} dtypes for {n} tensors")
-    return dts
-
-
-def _outputs(
-    outputs: Sequence[Any] | None,
-    arrs: list[np.ndarray],
-    dtype: str | Sequence[str | None] | None,
-) -> list[np.ndarray | None]:
-    if outputs is None:
-        return [None] * len(arrs)
-    outs: list[np.ndarray | None] = []
-    for o, a, d in zip(outputs, arrs, _per_array(dtype, len(arrs))):
-        if o is None:
-            outs.append(None)
-            continue
-        if not isinstance(o, np.ndarray):
-            raise TypeError("output must be a NumPy array")
-        ov = _array(o, d)[0]
-        if ov.shape != a.shape or ov.dtype != a.dtype:
-            raise ValueError(
-                f"output {ov.shape} {ov.dtype} does not match input {a.shape} {a.dtype}"
-            )
-        outs.append(ov)
-    return outs
 
 
 def _reduction(
