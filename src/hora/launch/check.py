@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import platform
 import sys
-import tempfile
 from dataclasses import dataclass
 
 
@@ -123,26 +121,21 @@ def _tcp() -> Finding:
 
 
 def _shm() -> Finding:
-    directory = "/dev/shm"
-    if not os.path.isdir(directory):
+    from hora.transport.shm.transport import available
+
+    if not available():
         return Finding(
             "transports",
             "shared memory",
             False,
-            f"{directory} does not exist on this system; ranks on one host use TCP",
+            "needs Linux (memfd_create, abstract Unix sockets); ranks on one host use TCP",
         )
-    try:
-        with tempfile.NamedTemporaryFile(dir=directory, prefix="hora-check-"):
-            pass
-    except OSError as e:
-        return Finding(
-            "transports",
-            "shared memory",
-            False,
-            f"{directory} is not writable ({e.strerror}); ranks on one host use TCP "
-            "(in Docker, give the container --shm-size or --ipc=host)",
-        )
-    return Finding("transports", "shared memory", True, f"{directory} is writable")
+    return Finding(
+        "transports",
+        "shared memory",
+        True,
+        "same-host ranks use anonymous shared memory (HORA_SHM_DISABLE=1 turns it off)",
+    )
 
 
 def _gpus() -> Finding:
