@@ -56,9 +56,12 @@ def _loop_nices() -> list[int]:
     tasks = "/proc/self/task"
     out = []
     for tid in os.listdir(tasks) if os.path.isdir(tasks) else []:
-        with open(f"{tasks}/{tid}/comm") as f:
-            if f.read().strip() == "gloo_tcp_loop":
-                out.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        try:
+            with open(f"{tasks}/{tid}/comm") as f:
+                if f.read().strip() == "gloo_tcp_loop":
+                    out.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread (of the other rank's work, say) ended meanwhile
     return out
 
 
