@@ -86,10 +86,11 @@ def test_plain_mpirun() -> None:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.skip("Open MPI's mpirun is not installed")
-    argv = [mpirun, "--allow-run-as-root", "-np", "2", "-bind-to", "none",
+    # --tag-output keeps the two ranks' lines apart (without it they can interleave)
+    argv = [mpirun, "--allow-run-as-root", "--tag-output", "-np", "2", "-bind-to", "none",
             sys.executable, "-c", WORKER]  # fmt: skip
     done = subprocess.run(argv, env=_clean_env(), capture_output=True, text=True, timeout=80)
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == [
-        f"mpi rank={r} size=2 local={r}/2 sum=[3.0, 3.0]" for r in range(2)
+        f"[1,{r}]<stdout>:mpi rank={r} size=2 local={r}/2 sum=[3.0, 3.0]" for r in range(2)
     ]
