@@ -4,7 +4,7 @@
 ``ShmPair`` is one connection. Payloads larger than a socket write are copied once, straight
 out of the sender's memory (``cma``: ``process_vm_readv``), or, where the kernel refuses that,
 through an anonymous shared staging area (``staging``). Layout: ``cma`` (single-copy reads),
-``staging`` (memfd slots), ``lanes`` (Work and background lanes), ``pair`` (frames,
+``staging`` (memfd slots), ``pair`` (frames,
 acknowledgements, reducing receives), ``transport`` (listening, connecting, probing).
 """
 

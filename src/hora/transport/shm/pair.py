@@ -38,8 +38,8 @@ import numpy as np
 
 from hora.errors import TransportError
 from hora.transport.base import MAX_MESSAGE, Buffer
+from hora.transport.lanes import Completion, Lane
 from hora.transport.shm import cma
-from hora.transport.shm.lanes import Lane, ShmWork
 from hora.transport.shm.staging import SLOT_BYTES, SLOTS, Staging
 from hora.transport.tcp.pair import byte_view
 from hora.transport.tcp.wire import hard_close, recv_exact_into
@@ -50,7 +50,7 @@ KIND_NAMES = {EAGER: "inline data", PULL: "single-copy data", STAGED: "staged da
 EAGER_LIMIT = 256 << 10  # inline below: cheaper than a pull and its acknowledgement
 REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays in cache)
 _ACK = b"\x06"
-_DONE = ShmWork(done=True)  # shared by every isend that completed at once
+_DONE = Completion(done=True)  # shared by every isend that completed at once
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]
 
@@ -82,7 +82,7 @@ class ShmPair:
         self._lock = threading.Condition()  # guards the fields below
         self._closed = False
         self._error: TransportError | None = None
-        self._unacked: deque[tuple[ShmWork | None, memoryview | None]] = deque()  # frame order
+        self._unacked: deque[tuple[Completion | None, memoryview | None]] = deque()  # frame order
         self._free_slots = SLOTS
         self._next_slot = 0
         self._acker: threading.Thread | None = None
@@ -105,7 +105,7 @@ class ShmPair:
         self._sender.drain()
         self._send_blocking(view)
 
-    def isend(self, buf: Buffer) -> ShmWork:
+    def isend(self, buf: Buffer) -> Completion:
         view = byte_view(buf)
         if self._closed or not self._sender.idle():
             return self._sender.submit(partial(self._send_blocking, view))
@@ -116,7 +116,7 @@ class ShmPair:
             try:
                 acked, head = self._announce(view)
             except TransportError as e:
-                return ShmWork(e)
+                return Completion(e)
             written = self._write_soon([head], then=acked.wait)
             return acked if written.done() else written
         return self._sender.submit(partial(self._send_blocking, view))
@@ -148,7 +148,7 @@ class ShmPair:
 
     def _write_soon(
         self, parts: list[bytes | memoryview], then: Callable[[], None] | None = None
-    ) -> ShmWork:
+    ) -> Completion:
         """Write what the socket takes now; the send lane writes the rest, then runs ``then``."""
         size = sum(memoryview(p).nbytes for p in parts)
         try:
@@ -156,7 +156,7 @@ class ShmPair:
         except BlockingIOError:
             sent = 0
         except OSError as e:
-            return ShmWork(self._fail(e))
+            return Completion(self._fail(e))
         if sent == size:
             return _DONE
         return self._sender.submit(partial(self._write, parts, sent, then))
@@ -181,13 +181,13 @@ class ShmPair:
 
     # -- acknowledgements (the ack thread) ----------------------------------------------------
 
-    def _announce(self, view: memoryview) -> tuple[ShmWork, bytes]:
+    def _announce(self, view: memoryview) -> tuple[Completion, bytes]:
         """Register a single-copy frame of ``view``: its Work (done when acknowledged), header."""
-        work = ShmWork()
+        work = Completion()
         self._expect_ack(work, view)
         return work, HEADER.pack(PULL, 0, 0, view.nbytes, cma.address(view))
 
-    def _expect_ack(self, work: ShmWork | None, keep: memoryview | None = None) -> None:
+    def _expect_ack(self, work: Completion | None, keep: memoryview | None = None) -> None:
         """Register a frame the peer will acknowledge, before it is written: a single-copy
         frame (its Work, and its buffer kept alive until then) or a staging slot (None)."""
         with self._lock:
@@ -256,7 +256,7 @@ class ShmPair:
         self._receiver.drain()
         self._recv(view, None)
 
-    def irecv(self, buf: memoryview | bytearray) -> ShmWork:
+    def irecv(self, buf: memoryview | bytearray) -> Completion:
         view = byte_view(buf, writable=True)
         return self._receiver.submit(partial(self._recv, view, None))
 

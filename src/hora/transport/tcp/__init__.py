@@ -6,7 +6,7 @@ by the rendezvous store), ``pair`` (framing and background I/O), ``transport`` (
 connecting, addresses).
 """
 
-from hora.transport.tcp.pair import TcpPair, TcpWork
+from hora.transport.tcp.pair import TcpPair
 from hora.transport.tcp.transport import AddressBook, TcpTransport
 
-__all__ = ["AddressBook", "TcpPair", "TcpTransport", "TcpWork"]
+__all__ = ["AddressBook", "TcpPair", "TcpTransport"]

@@ -12,14 +12,13 @@ thread and makes every blocked or later operation raise TransportError.
 
 from __future__ import annotations
 
-import queue
 import socket
 import threading
-from collections.abc import Callable
 from functools import partial
 
 from hora.errors import TransportError
 from hora.transport.base import CONTROL, MAX_MESSAGE, Buffer
+from hora.transport.lanes import Completion, Lane
 from hora.transport.tcp.wire import (
     DATA_FRAME,
     FRAME_NAMES,
@@ -33,83 +32,7 @@ from hora.transport.tcp.wire import (
     send_rest,
 )
 
-
-class TcpWork:
-    """Completion of one ``isend``/``irecv``; ``wait`` re-raises the transport error."""
-
-    __slots__ = ("_event", "_error")
-
-    def __init__(self, error: TransportError | None = None, done: bool = False) -> None:
-        self._event = threading.Event()
-        self._error = error
-        if error is not None or done:
-            self._event.set()
-
-    def _finish(self, error: TransportError | None = None) -> None:
-        self._error = error
-        self._event.set()
-
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Return when the operation is done; TimeoutError (pair left open) if ``timeout`` ends."""
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"transport operation not done after {timeout}s")
-        if self._error is not None:
-            raise TransportError(str(self._error)) from self._error
-
-
-_DONE = TcpWork(done=True)  # shared by every isend that completed at once
-
-
-class _Lane:
-    """A FIFO of background operations run by one lazily started daemon thread."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], TcpWork] | None]
-        self._queue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._last: TcpWork | None = None
-
-    def submit(self, op: Callable[[], None], closed_error: Callable[[], TransportError]) -> TcpWork:
-        work = TcpWork()
-        with self._lock:
-            if self._closed:
-                return TcpWork(closed_error())
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
-            self._last = work
-            self._queue.put((op, work))
-        return work
-
-    def idle(self) -> bool:
-        return self._last is None or self._last.done()
-
-    def drain(self) -> None:
-        """Wait until everything submitted so far is done (its errors surface elsewhere)."""
-        last = self._last
-        if last is not None and not last.done():
-            last._event.wait()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._queue.put(None)
-
-    def _loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            op, work = item
-            try:
-                op()
-            except TransportError as e:
-                work._finish(e)
-            else:
-                work._finish()
+_DONE = Completion(done=True)  # shared by every isend that completed at once
 
 
 def byte_view(buf: Buffer, writable: bool = False) -> memoryview:
@@ -139,8 +62,8 @@ class TcpPair:
         self._close_lock = threading.Lock()
         self._closed = False
         self._error: TransportError | None = None
-        self._sender = _Lane(f"hora-tcp-send-{peer}-{channel}")
-        self._receiver = _Lane(f"hora-tcp-recv-{peer}-{channel}")
+        self._sender = Lane(f"hora-tcp-send-{peer}-{channel}", self._closed_error)
+        self._receiver = Lane(f"hora-tcp-recv-{peer}-{channel}", self._closed_error)
 
     def __repr__(self) -> str:
         return f"TcpPair({self._what}, {'closed' if self._closed else 'open'})"
@@ -157,23 +80,23 @@ class TcpPair:
         self._receiver.drain()
         self._recv_data(view)
 
-    def isend(self, buf: Buffer) -> TcpWork:
+    def isend(self, buf: Buffer) -> Completion:
         """Send what the socket takes at once; the sender thread finishes the rest."""
         view = byte_view(buf)
         if self._closed or not self._sender.idle():
-            return self._sender.submit(partial(self._send_data, view), self._closed_error)
+            return self._sender.submit(partial(self._send_data, view))
         head = HEADER.pack(MAGIC, VERSION, DATA_FRAME, view.nbytes)
         try:
             sent = send_parts(self._sock, head, view, socket.MSG_DONTWAIT)
         except OSError as e:
-            return TcpWork(self._fail(e))
+            return Completion(self._fail(e))
         if sent == len(head) + view.nbytes:
             return _DONE
-        return self._sender.submit(partial(self._send_rest, head, view, sent), self._closed_error)
+        return self._sender.submit(partial(self._send_rest, head, view, sent))
 
-    def irecv(self, buf: memoryview | bytearray) -> TcpWork:
+    def irecv(self, buf: memoryview | bytearray) -> Completion:
         view = byte_view(buf, writable=True)
-        return self._receiver.submit(partial(self._recv_data, view), self._closed_error)
+        return self._receiver.submit(partial(self._recv_data, view))
 
     def send_msg(self, payload: bytes) -> None:
         view = byte_view(payload)

@@ -1,11 +1,11 @@
-"""Completion objects and background lanes of the shared-memory pair.
+"""Completion objects and background lanes shared by the TCP and shared-memory pairs.
 
-:class:`ShmWork` is the ``Work`` of an ``isend``/``irecv`` (transport/base.py): ``wait``
+:class:`Completion` is the ``Work`` of an ``isend``/``irecv`` (transport/base.py): ``wait``
 returns when the operation is done and re-raises its TransportError. A :class:`Lane` runs the
 operations queued on it one after the other on a daemon thread started on first use, so that
 operations of one direction keep their order.
 
-Thread-safety: ``ShmWork`` may be finished from any thread and waited on from another;
+Thread-safety: ``Completion`` may be finished from any thread and waited on from another;
 ``Lane.submit``/``drain``/``idle`` are called by the thread that issues the pair's operations,
 ``close`` from any thread.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from hora.errors import TransportError
 
 
-class ShmWork:
+class Completion:
     """Completion of one operation; ``wait`` re-raises the transport error."""
 
     __slots__ = ("_event", "_error")
@@ -52,19 +52,19 @@ class Lane:
     def __init__(self, name: str, closed_error: Callable[[], TransportError]) -> None:
         self._name = name
         self._closed_error = closed_error
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], ShmWork] | None]
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], Completion] | None]
         self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._last: ShmWork | None = None
+        self._last: Completion | None = None
 
-    def submit(self, op: Callable[[], None]) -> ShmWork:
+    def submit(self, op: Callable[[], None]) -> Completion:
         """Queue ``op``; its Work is done when ``op`` returns, or fails with what it raised."""
-        work = ShmWork()
+        work = Completion()
         with self._lock:
             if self._closed:
-                return ShmWork(self._closed_error())
+                return Completion(self._closed_error())
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
