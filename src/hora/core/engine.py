@@ -152,9 +152,31 @@ class Engine:
             self._finish(str(stop) or None)
         except BaseException as e:  # the failure contract: report, then fail everything
             cause = f"{type(e).__name__}: {e}" if not isinstance(e, TransportError) else str(e)
+            if isinstance(e, TransportError):
+                # A closed connection may only echo another rank's failure: if that rank
+                # already reported its cause, pass on the root, not the echo.
+                cause = self._reported_cause() or cause
             log.error("hora background loop uncaught exception on rank %d: %s", self.rank, cause)
             self._abort_peers(cause)
             self._finish(cause)
+
+    def _reported_cause(self, wait: float = 0.3) -> str | None:
+        """An ``abort`` report already sent to this rank on a control connection, if any."""
+        sel = selectors.DefaultSelector()
+        for peer, pair in self._ctrl.items():
+            with contextlib.suppress(ValueError, OSError):  # a closed pair has no descriptor
+                sel.register(pair.fileno(), selectors.EVENT_READ, peer)
+        deadline = time.monotonic() + wait
+        while sel.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                try:
+                    msg = decode(self._ctrl[key.data].recv_msg())
+                except (TransportError, ValueError):
+                    sel.unregister(key.fd)
+                    continue
+                if msg.get("t") == "abort":
+                    return str(msg.get("why", ""))
+        return None
 
     def _finish(self, cause: str | None) -> None:
         with self._lock:
