@@ -28,7 +28,6 @@ from hora.core.messages import (
     bits_decode,
 )
 from hora.core.response_cache import ResponseCache
-from hora.dtypes import itemsize
 
 log = logging.getLogger("hora.controller")
 
@@ -304,7 +303,7 @@ class Coordinator:
             req = spec.request
             if req.op not in FUSIBLE:
                 return False
-            total += itemsize(req.dtype) * _numel(req.shape)
+            total += req.nbytes
         return total < self.fusion_threshold
 
     def _apply_set_change(self, resp: Response) -> None:
@@ -332,7 +331,7 @@ class Coordinator:
             if req.op == OpType.ERROR:
                 responses.append(Response(OpType.ERROR, [spec], error=req.group))
                 continue
-            nbytes = itemsize(req.dtype) * _numel(req.shape)
+            nbytes = req.nbytes
             if req.op not in FUSIBLE or self.fusion_threshold <= 0 or req.op != OpType.ALLREDUCE:
                 responses.append(Response(req.op, [spec]))
                 continue
@@ -390,13 +389,6 @@ class Coordinator:
         now = time.monotonic() if now is None else now
         waits = [now - p.first_seen for st in self.sets.values() for p in st.table.values()]
         return max(waits, default=0.0)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def decode_responses(wire: list[Any], cache: ResponseCache) -> list[Response]:

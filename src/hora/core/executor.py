@@ -7,6 +7,7 @@ Engine thread only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,12 @@ class TensorEntry:
 
 
 def _numel(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return math.prod(shape)
+
+
+# In a fused allreduce, tensors this large are reduced in place rather than copied through the
+# fusion buffer (two copies of a large tensor cost more than one more backend call).
+IN_PLACE_MIN_BYTES = 1 << 20
 
 
 class FusionBuffer:
@@ -90,12 +96,16 @@ class Executor:
                 np.copyto(flat, src)
             self._reduce(comm, resp, flat, dtype, red, req.prescale, post, [(0, flat.size)], names)
             return [flat.reshape(spec.request.shape)]
+        if resp.op == OpType.ALLREDUCE:
+            big = [i for i, s in enumerate(resp.specs) if s.request.nbytes >= IN_PLACE_MIN_BYTES]
+            if big:
+                return self._allreduce_split(comm, resp, entries, big)
         counts = [_numel(s.request.shape) for s in resp.specs]
         buf = self.fusion.get(sum(counts), dtype)
         self._act(names, "MEMCPY_IN_FUSION_BUFFER")
+        np.concatenate([self._input(s, e) for s, e in zip(resp.specs, entries)], out=buf)
         segments, off = [], 0
-        for spec, entry, n in zip(resp.specs, entries, counts):
-            buf[off : off + n] = self._input(spec, entry)
+        for n in counts:
             segments.append((off, n))
             off += n
         self._act(names, None)
@@ -111,6 +121,30 @@ class Executor:
             results.append(dst)
         self._act(names, None)
         return results
+
+    def _allreduce_split(
+        self,
+        comm: SetComm,
+        resp: Response,
+        entries: list[TensorEntry | None],
+        big: list[int],
+    ) -> list[np.ndarray]:
+        """A fused response with large tensors: each large one reduced where it lies.
+
+        Copying a large tensor into the fusion buffer and back costs more than the backend call
+        it saves, so only the small tensors of the response travel fused; each large one is
+        reduced in its output (or a copy of its input) with its own backend call.
+        """
+        results: list[np.ndarray | None] = [None] * len(resp.specs)
+        small = sorted(set(range(len(resp.specs))) - set(big))
+        if small:
+            part = Response(resp.op, [resp.specs[i] for i in small])
+            for i, r in zip(small, self.allreduce(comm, part, [entries[i] for i in small])):
+                results[i] = r
+        for i in big:
+            part = Response(resp.op, [resp.specs[i]])
+            results[i] = self.allreduce(comm, part, [entries[i]])[0]
+        return results  # type: ignore[return-value]
 
     def _reduce(
         self,

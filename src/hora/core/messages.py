@@ -14,9 +14,12 @@ safe from any thread.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
+
+from hora.dtypes import itemsize
 
 
 class OpType(IntEnum):
@@ -95,6 +98,14 @@ class Request:
             int(gsize),
             None if ranks is None else tuple(ranks),
         )
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * itemsize(self.dtype)
 
     @property
     def match(self) -> str:

@@ -47,7 +47,7 @@ from hora.transport.tcp.wire import hard_close, recv_exact_into
 HEADER = struct.Struct("=BBxxIQQ")  # kind, slot, chunk bytes, total bytes, address
 EAGER, PULL, STAGED, MSG = 1, 2, 3, 4
 KIND_NAMES = {EAGER: "inline data", PULL: "single-copy data", STAGED: "staged data", MSG: "message"}
-EAGER_LIMIT = 256 << 10  # inline below: cheaper than a pull and its acknowledgement
+EAGER_LIMIT = 512 << 10  # inline below: cheaper than a pull and its acknowledgement
 REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays in cache)
 _ACK = b"\x06"
 _DONE = Completion(done=True)  # shared by every isend that completed at once
