@@ -11,6 +11,8 @@ import numpy as np
 
 from hora.backends.base import SetComm
 from hora.collectives import hierarchical, registry
+from hora.collectives.base import check_buffer
+from hora.collectives.reduce_ops import reducer
 
 if TYPE_CHECKING:
     from hora.backends.registry import BackendContext
@@ -32,6 +34,20 @@ class NativeBackend:
         # host-aware: shared memory inside a host, hierarchical across hosts, else flat
         hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
                                hierarchical=self._hier_allreduce, scratch=self._scratch)
+
+    def reduces_parts(self, comm: SetComm, nbytes: int) -> bool:
+        """Whether :meth:`allreduce_parts` serves a fused allreduce of ``nbytes`` in this set:
+        one host over shared memory (the same answer on every rank of the set)."""
+        layout = hierarchical.layout_of(comm)
+        return (layout is not None and layout.shared and not layout.multi_host
+                and nbytes > registry.SMALL_THRESHOLD)
+
+    def allreduce_parts(self, comm: SetComm, parts: list[np.ndarray], dtype: str,
+                        op: int) -> None:
+        """Reduce ``parts`` as one buffer, each where it lies (no fusion-buffer copies)."""
+        for p in parts:
+            check_buffer(p, dtype)
+        hierarchical.allreduce_direct(comm, parts, reducer(op, dtype), scratch=self._scratch)
 
     def allgatherv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
                    counts: list[int]) -> None:

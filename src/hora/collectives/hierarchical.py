@@ -213,20 +213,89 @@ def _reduce_scatter(
 
 
 def allreduce_direct(
-    comm: Comm, buf: np.ndarray, reduce: Reducer, *, scratch: np.ndarray | None = None
+    comm: Comm,
+    buf: np.ndarray | Sequence[np.ndarray],
+    reduce: Reducer,
+    *,
+    scratch: np.ndarray | None = None,
 ) -> None:
-    """Direct reduce-scatter then direct allgather of ``buf``, in place (see module doc)."""
+    """Direct reduce-scatter then direct allgather, in place (see module doc).
+
+    ``buf`` is one 1-D buffer, or several of one dtype reduced as their concatenation (a
+    fused response without a fusion buffer): each block then travels as a gather of the
+    parts it spans, read where they lie on the shared-memory pair.
+    """
     n, me = comm.size, comm.rank
-    blocks = _blocks(buf, n)
-    sends = _reduce_scatter(comm, blocks, reduce, scratch)
-    if blocks[me].size:
-        sends += [comm.pair((me + k) % n).isend(as_bytes(blocks[me])) for k in range(1, n)]
+    blocks = _cut([buf] if isinstance(buf, np.ndarray) else list(buf), n)
+    sends = [_isend(comm.pair(j), blocks[j]) for j in ((me + k) % n for k in range(1, n))]
+    for k in range(1, n):
+        _recv(comm.pair((me - k) % n), blocks[me], (reduce, scratch))
+    sends += [_isend(comm.pair((me + k) % n), blocks[me]) for k in range(1, n)]
     for k in range(1, n):
         j = (me - k) % n
-        if blocks[j].size:
-            comm.pair(j).recv_into(as_bytes(blocks[j]))
+        _recv(comm.pair(j), blocks[j], None)
     for work in sends:
-        work.wait()
+        if work is not None:
+            work.wait()
+
+
+def _cut(parts: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
+    """The concatenation of ``parts`` in ``n`` even blocks, each as views of the parts it
+    spans (an empty block is an empty list)."""
+    bounds = offsets_of(split_even(sum(p.size for p in parts), n))
+    blocks: list[list[np.ndarray]] = [[] for _ in range(n)]
+    b = pos = 0
+    for p in parts:
+        off = 0
+        while off < p.size:
+            while bounds[b + 1] <= pos:
+                b += 1
+            take = min(p.size - off, bounds[b + 1] - pos)
+            blocks[b].append(p[off : off + take])
+            off += take
+            pos += take
+    return blocks
+
+
+def _isend(pair: Pair, parts: list[np.ndarray]) -> Work | None:
+    """Send ``parts`` as one frame (nothing for an empty block)."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return pair.isend(as_bytes(parts[0]))
+    gather = getattr(pair, "isend_parts", None)
+    if gather is not None:
+        work: Work = gather([as_bytes(p) for p in parts])
+        return work
+    return pair.isend(as_bytes(np.concatenate(parts)))
+
+
+def _recv(pair: Pair, parts: list[np.ndarray], fold: tuple[Reducer, Any] | None) -> None:
+    """Receive one frame into ``parts``, or fold it into them with ``fold = (reduce, scratch)``."""
+    if not parts:
+        return
+    if len(parts) == 1:
+        if fold is None:
+            pair.recv_into(as_bytes(parts[0]))
+        else:
+            recv_reduce(pair, parts[0], *fold)
+        return
+    if fold is None and hasattr(pair, "recv_parts_into"):
+        pair.recv_parts_into([as_bytes(p) for p in parts])
+        return
+    if fold is not None and hasattr(pair, "recv_reduce_parts"):
+        scratch = fold[1] if fold[1] is not None else np.empty(0, np.uint8)
+        pair.recv_reduce_parts(parts, fold[0], scratch)
+        return
+    whole = np.concatenate(parts)
+    if fold is None:
+        pair.recv_into(as_bytes(whole))
+    else:
+        recv_reduce(pair, whole, *fold)
+    pos = 0
+    for p in parts:
+        p[...] = whole[pos : pos + p.size]
+        pos += p.size
 
 
 def _share(local: SubComm, buf: np.ndarray) -> None:

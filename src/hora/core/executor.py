@@ -78,6 +78,15 @@ class Executor:
             return np.zeros(_numel(req.shape), dtype=storage_dtype(req.dtype))
         return entry.array.reshape(-1)
 
+    def _target(self, spec: TensorSpec, entry: TensorEntry | None) -> np.ndarray:
+        """Where ``spec`` is reduced: its output (or a new array), holding its input."""
+        src = self._input(spec, entry)
+        out = entry.output if entry is not None and entry.output is not None else None
+        flat = out.reshape(-1) if out is not None else np.empty_like(src)
+        if flat.ctypes.data != src.ctypes.data:  # not in place
+            np.copyto(flat, src)
+        return flat
+
     # -- ops --------------------------------------------------------------------------------
     def allreduce(
         self, comm: SetComm, resp: Response, entries: list[TensorEntry | None]
@@ -88,15 +97,23 @@ class Executor:
         red = SUM if op == AVERAGE else op
         names = resp.names
         if len(resp.specs) == 1:
-            spec, entry = resp.specs[0], entries[0]
-            src = self._input(spec, entry)
-            out = entry.output if entry is not None and entry.output is not None else None
-            flat = out.reshape(-1) if out is not None else np.empty_like(src)
-            if flat.ctypes.data != src.ctypes.data:  # not in place
-                np.copyto(flat, src)
+            spec = resp.specs[0]
+            flat = self._target(spec, entries[0])
             self._reduce(comm, resp, flat, dtype, red, req.prescale, post, [(0, flat.size)], names)
             return [flat.reshape(spec.request.shape)]
         if resp.op == OpType.ALLREDUCE:
+            total = sum(s.request.nbytes for s in resp.specs)
+            parts = getattr(self.backend, "reduces_parts", None)
+            if total >= IN_PLACE_MIN_BYTES and parts is not None and parts(comm, total):
+                flats = [self._target(s, e) for s, e in zip(resp.specs, entries)]
+                for f in flats:
+                    scale(f, dtype, req.prescale)
+                self._act(names, f"{self.backend.name}_{resp.op.name}")
+                self.backend.allreduce_parts(comm, flats, dtype, red)  # type: ignore[attr-defined]
+                self._act(names, None)
+                for f in flats:
+                    scale(f, dtype, post)
+                return [f.reshape(s.request.shape) for f, s in zip(flats, resp.specs)]
             big = [i for i, s in enumerate(resp.specs) if s.request.nbytes >= IN_PLACE_MIN_BYTES]
             if big:
                 return self._allreduce_split(comm, resp, entries, big)

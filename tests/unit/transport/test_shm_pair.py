@@ -64,6 +64,22 @@ def _exchange(rank: int, single_copy: bool) -> dict[str, Any]:
             work.wait()
             want = (np.arange(count) % 5).astype(dtype) + (np.arange(count) % 11 + 1 - rank)
             out["ok"].append((f"reduce {dtype} {count}", bool(np.array_equal(acc, want))))
+    for count in (10, 70_001, 1_500_007):  # gathered sends, scattered and reducing receives
+        cuts = sorted([0, 3, count // 3, count // 3, count // 2 + 7])  # with an empty part
+        mine = (np.arange(count) % 13 + rank).astype(np.float32)
+        parts = [p.copy() for p in np.split(mine, cuts)]  # separate buffers
+        into = [np.empty_like(p) for p in np.split(mine, cuts[::2])]
+        work = pair.isend_parts([memoryview(p) for p in parts])
+        pair.recv_parts_into([memoryview(p) for p in into])
+        work.wait()
+        theirs = (np.arange(count) % 13 + 1 - rank).astype(np.float32)
+        ok = bool(np.array_equal(np.concatenate(into), theirs))
+        acc = [np.ones_like(p) for p in np.split(mine, cuts[1::2])]
+        work = pair.isend_parts([memoryview(p) for p in parts])
+        pair.recv_reduce_parts(acc, lambda a, b: np.add(a, b, out=a), np.empty(0, np.uint8))
+        work.wait()
+        ok = ok and bool(np.array_equal(np.concatenate(acc), theirs + 1))
+        out["ok"].append((f"parts {count}", ok))
     pair.send_msg(b"message from %d" % rank)  # messages and data frames keep their order
     pair.send(b"x" * 10)
     out["msg"] = pair.recv_msg()
@@ -252,6 +268,10 @@ def _collectives(rank: int, single_copy: bool) -> dict[str, bool]:
             buf = base + rank
             hierarchical.allreduce_direct(comm, buf, reducer(op, "float64"))
             out[f"direct {name} {count}"] = bool(np.array_equal(buf, want))
+            parts = np.split(base + rank, sorted([0, 3, count // 3, count // 3, count // 2 + 1]))
+            parts = [p.copy() for p in parts]  # separate buffers, one of them empty
+            hierarchical.allreduce_direct(comm, parts, reducer(op, "float64"))
+            out[f"direct parts {name} {count}"] = bool(np.array_equal(np.concatenate(parts), want))
         counts = [count // 3 + r for r in range(n)]
         recv = np.empty(sum(counts), np.int32)
         registry.allgatherv_ring(comm, np.full(counts[rank], rank, np.int32), recv, counts)

@@ -83,6 +83,57 @@ def read_to(pid: int, base: int, total: int, src_addr: int) -> None:
         done += got
 
 
+Span = tuple[int, int]  # (address, bytes)
+
+_IOV_BATCH = 512  # pieces per system call (the kernel takes up to IOV_MAX = 1024)
+
+
+def matched(local: list[Span], remote: list[Span]) -> list[tuple[int, int, int]]:
+    """Cut two scatter lists of equal total into pieces contiguous on both sides:
+    ``(local address, remote address, bytes)``, in order."""
+    out: list[tuple[int, int, int]] = []
+    i = j = 0
+    lo = ro = 0  # bytes already used of local[i] / remote[j]
+    while i < len(local) and j < len(remote):
+        (la, ln), (ra, rn) = local[i], remote[j]
+        n = min(ln - lo, rn - ro)
+        if n:
+            out.append((la + lo, ra + ro, n))
+        lo += n
+        ro += n
+        if lo == ln:
+            i, lo = i + 1, 0
+        if ro == rn:
+            j, ro = j + 1, 0
+    return out
+
+
+def read_spans(pid: int, local: list[Span], remote: list[Span]) -> None:
+    """Copy the bytes of ``remote`` (spans in process ``pid``) into ``local`` (spans here),
+    in order: a gather on the other side and a scatter on this one, with no staging copy."""
+    if len(local) == 1 and len(remote) == 1:
+        read_to(pid, local[0][0], local[0][1], remote[0][0])
+        return
+    if _READV is None:
+        raise OSError(errno.ENOSYS, "process_vm_readv is not available on this platform")
+    pieces = matched(local, remote)
+    k = 0
+    while k < len(pieces):
+        batch = pieces[k : k + _IOV_BATCH]
+        loc = (_IoVec * len(batch))(*[_IoVec(a, n) for a, _, n in batch])
+        rem = (_IoVec * len(batch))(*[_IoVec(r, n) for _, r, n in batch])
+        got = _READV(pid, loc, len(batch), rem, len(batch), 0)
+        if got <= 0:
+            err = ctypes.get_errno() if got < 0 else errno.EFAULT
+            raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
+        for a, r, n in batch:  # a short read stops inside one piece: resume there
+            if got < n:
+                pieces[k] = (a + got, r + got, n - got)
+                break
+            got -= n
+            k += 1
+
+
 def readable(pid: int, src_addr: int, expected: bytes) -> bool:
     """Whether ``expected`` can be read at ``src_addr`` in process ``pid`` (a probe)."""
     got = bytearray(len(expected))

@@ -26,11 +26,13 @@ operation fails at once. ``close`` is safe from any thread.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import socket
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -45,14 +47,59 @@ from hora.transport.tcp.pair import byte_view
 from hora.transport.tcp.wire import hard_close, recv_exact_into
 
 HEADER = struct.Struct("=BBxxIQQ")  # kind, slot, chunk bytes, total bytes, address
-EAGER, PULL, STAGED, MSG = 1, 2, 3, 4
-KIND_NAMES = {EAGER: "inline data", PULL: "single-copy data", STAGED: "staged data", MSG: "message"}
+SPAN = struct.Struct("=QQ")  # a gathered single-copy frame: (address, bytes) per part
+EAGER, PULL, STAGED, MSG, PULLV = 1, 2, 3, 4, 5
+KIND_NAMES = {
+    EAGER: "inline data",
+    PULL: "single-copy data",
+    STAGED: "staged data",
+    MSG: "message",
+    PULLV: "gathered single-copy data",
+}
 EAGER_LIMIT = 512 << 10  # inline below: cheaper than a pull and its acknowledgement
 REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays in cache)
+MAX_SPANS = 1 << 16  # parts of one gathered frame, at most
 _ACK = b"\x06"
 _DONE = Completion(done=True)  # shared by every isend that completed at once
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]
+Fold = tuple[list[np.ndarray], Reduce, np.ndarray]  # typed parts, reduction, uint8 scratch
+
+
+def _ranges(offsets: list[int], start: int, size: int) -> list[tuple[int, int, int]]:
+    """The parts that bytes ``[start, start + size)`` of a concatenation fall in, as
+    ``(part index, offset in the part, bytes)``; ``offsets`` are the parts' starts, then the
+    total."""
+    out = []
+    i = bisect.bisect_right(offsets, start) - 1
+    end = start + size
+    while start < end:
+        n = min(offsets[i + 1], end) - start
+        if n:
+            out.append((i, start - offsets[i], n))
+        start += n
+        i += 1
+    return out
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    return [0, *itertools.accumulate(sizes)]
+
+
+def _views(bufs: Sequence[Buffer], writable: bool = False) -> list[memoryview]:
+    """Flat byte views of the non-empty ``bufs``."""
+    return [v for v in (byte_view(b, writable=writable) for b in bufs) if v.nbytes]
+
+
+def _fold(fold: Fold, offsets: list[int], start: int, incoming: np.ndarray) -> None:
+    """Reduce ``incoming`` (bytes ``[start, start + len)`` of the frame) into the parts."""
+    arrays, reduce, _ = fold
+    at = 0
+    for i, off, n in _ranges(offsets, start, incoming.nbytes):
+        arr = arrays[i]
+        per = arr.itemsize
+        reduce(arr[off // per : (off + n) // per], incoming[at : at + n].view(arr.dtype))
+        at += n
 
 
 def as_bytes(arr: np.ndarray) -> memoryview:
@@ -82,7 +129,7 @@ class ShmPair:
         self._lock = threading.Condition()  # guards the fields below
         self._closed = False
         self._error: TransportError | None = None
-        self._unacked: deque[tuple[Completion | None, memoryview | None]] = deque()  # frame order
+        self._unacked: deque[tuple[Completion | None, object]] = deque()  # frame order
         self._free_slots = SLOTS
         self._next_slot = 0
         self._acker: threading.Thread | None = None
@@ -101,25 +148,30 @@ class ShmPair:
     # -- sending (engine thread, or the send lane) -------------------------------------------
 
     def send(self, buf: Buffer) -> None:
-        view = byte_view(buf)
+        views = _views([buf])
         self._sender.drain()
-        self._send_blocking(view)
+        self._send_blocking(views)
 
     def isend(self, buf: Buffer) -> Completion:
-        view = byte_view(buf)
+        return self.isend_parts([buf])
+
+    def isend_parts(self, bufs: Sequence[Buffer]) -> Completion:
+        """Send the concatenation of ``bufs`` as one data frame. On the single-copy path nothing
+        is copied: the receiver reads every part where it lies (a gather)."""
+        views = _views(bufs)
+        total = sum(v.nbytes for v in views)
         if self._closed or not self._sender.idle():
-            return self._sender.submit(partial(self._send_blocking, view))
-        if view.nbytes <= EAGER_LIMIT:
-            head = HEADER.pack(EAGER, 0, view.nbytes, view.nbytes, 0)
-            return self._write_soon([head, view])
+            return self._sender.submit(partial(self._send_blocking, views))
+        if total <= EAGER_LIMIT:
+            return self._write_soon([HEADER.pack(EAGER, 0, total, total, 0), *views])
         if self._out.single_copy:
             try:
-                acked, head = self._announce(view)
+                acked, head = self._announce(views)
             except TransportError as e:
                 return Completion(e)
-            written = self._write_soon([head], then=acked.wait)
+            written = self._write_soon(head, then=acked.wait)
             return acked if written.done() else written
-        return self._sender.submit(partial(self._send_blocking, view))
+        return self._sender.submit(partial(self._send_blocking, views))
 
     def send_msg(self, payload: bytes) -> None:
         view = byte_view(payload)
@@ -128,22 +180,27 @@ class ShmPair:
         self._sender.drain()
         self._write([HEADER.pack(MSG, 0, 0, view.nbytes, 0), view])
 
-    def _send_blocking(self, view: memoryview) -> None:
-        """Send one data frame on this thread; return when the sender's buffer is free."""
-        total = view.nbytes
+    def _send_blocking(self, views: list[memoryview]) -> None:
+        """Send one data frame on this thread; return when the sender's buffers are free."""
+        total = sum(v.nbytes for v in views)
         if total <= EAGER_LIMIT:
-            self._write([HEADER.pack(EAGER, 0, total, total, 0), view])
+            self._write([HEADER.pack(EAGER, 0, total, total, 0), *views])
         elif self._out.single_copy:
-            acked, head = self._announce(view)
-            self._write([head])
+            acked, head = self._announce(views)
+            self._write(head)
             acked.wait()
         else:
             staging = self._out.staging
             assert staging is not None
+            offsets = _offsets([v.nbytes for v in views])
             for start in range(0, total, SLOT_BYTES):
                 chunk = min(SLOT_BYTES, total - start)
                 slot = self._take_slot()
-                np.copyto(staging.slot(slot, chunk), np.frombuffer(view[start:], np.uint8, chunk))
+                dst = staging.slot(slot, chunk)
+                at = 0
+                for i, off, n in _ranges(offsets, start, chunk):
+                    dst[at : at + n] = np.frombuffer(views[i], np.uint8, n, off)
+                    at += n
                 self._write([HEADER.pack(STAGED, slot, chunk, total, 0)])
 
     def _write_soon(
@@ -181,13 +238,20 @@ class ShmPair:
 
     # -- acknowledgements (the ack thread) ----------------------------------------------------
 
-    def _announce(self, view: memoryview) -> tuple[Completion, bytes]:
-        """Register a single-copy frame of ``view``: its Work (done when acknowledged), header."""
+    def _announce(
+        self, views: list[memoryview]
+    ) -> tuple[Completion, list[bytes | memoryview]]:
+        """Register a single-copy frame of ``views``: its Work (done when acknowledged), and
+        what to write (the header, then for several parts their addresses and lengths)."""
         work = Completion()
-        self._expect_ack(work, view)
-        return work, HEADER.pack(PULL, 0, 0, view.nbytes, cma.address(view))
+        self._expect_ack(work, views)
+        total = sum(v.nbytes for v in views)
+        if len(views) == 1:
+            return work, [HEADER.pack(PULL, 0, 0, total, cma.address(views[0]))]
+        spans = b"".join(SPAN.pack(cma.address(v), v.nbytes) for v in views)
+        return work, [HEADER.pack(PULLV, 0, len(views), total, 0), spans]
 
-    def _expect_ack(self, work: Completion | None, keep: memoryview | None = None) -> None:
+    def _expect_ack(self, work: Completion | None, keep: object = None) -> None:
         """Register a frame the peer will acknowledge, before it is written: a single-copy
         frame (its Work, and its buffer kept alive until then) or a staging slot (None)."""
         with self._lock:
@@ -252,13 +316,17 @@ class ShmPair:
     # -- receiving (engine thread, or the receive lane) ---------------------------------------
 
     def recv_into(self, buf: memoryview | bytearray) -> None:
-        view = byte_view(buf, writable=True)
+        self.recv_parts_into([buf])
+
+    def recv_parts_into(self, bufs: Sequence[memoryview | bytearray]) -> None:
+        """Receive one data frame into the concatenation of ``bufs`` (a scatter)."""
+        views = _views(bufs, writable=True)
         self._receiver.drain()
-        self._recv(view, None)
+        self._recv(views, None)
 
     def irecv(self, buf: memoryview | bytearray) -> Completion:
-        view = byte_view(buf, writable=True)
-        return self._receiver.submit(partial(self._recv, view, None))
+        views = _views([buf], writable=True)
+        return self._receiver.submit(partial(self._recv, views, None))
 
     def recv_reduce(self, buf: np.ndarray, reduce: Reduce, scratch: np.ndarray) -> None:
         """Receive one data frame of ``buf.nbytes`` and fold it in: ``reduce(buf, frame)``.
@@ -266,11 +334,18 @@ class ShmPair:
         ``buf`` is a 1-D C-contiguous typed array; ``scratch`` (any dtype, C-contiguous) holds
         pieces of the frame when it has ``REDUCE_CHUNK`` bytes, else scratch is allocated.
         """
+        self.recv_reduce_parts([buf], reduce, scratch)
+
+    def recv_reduce_parts(
+        self, parts: Sequence[np.ndarray], reduce: Reduce, scratch: np.ndarray
+    ) -> None:
+        """:meth:`recv_reduce` into the concatenation of ``parts`` (1-D, one dtype)."""
         if scratch.nbytes < max(REDUCE_CHUNK, EAGER_LIMIT):
             scratch = np.empty(max(REDUCE_CHUNK, EAGER_LIMIT), np.uint8)
         tmp = scratch.reshape(-1).view(np.uint8)
+        arrays = [p for p in parts if p.size]
         self._receiver.drain()
-        self._recv(as_bytes(buf), (buf, reduce, tmp))
+        self._recv([as_bytes(a) for a in arrays], (arrays, reduce, tmp))
 
     def recv_msg(self) -> bytes:
         self._receiver.drain()
@@ -281,27 +356,30 @@ class ShmPair:
         self._read_exact(memoryview(body))
         return bytes(body)
 
-    def _recv(self, view: memoryview, fold: tuple[np.ndarray, Reduce, np.ndarray] | None) -> None:
+    def _recv(self, views: list[memoryview], fold: Fold | None) -> None:
+        mine = sum(v.nbytes for v in views)
         kind, slot, chunk, total, addr = self._read_header()
-        if kind not in (EAGER, PULL, STAGED) or total != view.nbytes:
+        if kind not in (EAGER, PULL, PULLV, STAGED) or total != mine:
             got = KIND_NAMES.get(kind, kind)
-            raise self._malformed(f"expected {view.nbytes} bytes of data, got {got} of {total}")
+            raise self._malformed(f"expected {mine} bytes of data, got {got} of {total}")
+        offsets = _offsets([v.nbytes for v in views])
         if kind == EAGER:
             if fold is None:
-                self._read_exact(view)
+                for view in views:
+                    self._read_exact(view)
             else:
-                buf, reduce, tmp = fold
-                self._read_exact(as_bytes(tmp[:total]))
-                reduce(buf, tmp[:total].view(buf.dtype))
-        elif kind == PULL:
-            self._pull(view, addr, fold)
+                self._read_exact(as_bytes(fold[2][:total]))
+                _fold(fold, offsets, 0, fold[2][:total])
+        elif kind in (PULL, PULLV):
+            remote = [(addr, total)] if kind == PULL else self._read_spans(chunk, total)
+            self._pull(views, offsets, remote, fold)
             self._ack()
         else:
             done = 0
             while True:
                 if not 0 < chunk <= total - done:
                     raise self._malformed(f"a staged piece of {chunk} bytes at {done} of {total}")
-                self._unstage(view, done, slot, chunk, fold)
+                self._unstage(views, offsets, done, slot, chunk, fold)
                 self._ack()
                 done += chunk
                 if done == total:
@@ -310,43 +388,62 @@ class ShmPair:
                 if kind != STAGED or again != total:
                     raise self._malformed("a staged payload was cut short")
 
+    def _read_spans(self, count: int, total: int) -> list[cma.Span]:
+        """The parts of a gathered single-copy frame: ``count`` (address, bytes) adding up to
+        ``total``."""
+        if not 0 < count <= min(total, MAX_SPANS):
+            raise self._malformed(f"a gathered frame of {count} parts")
+        raw = bytearray(count * SPAN.size)
+        self._read_exact(memoryview(raw))
+        spans = [(int(a), int(n)) for a, n in SPAN.iter_unpack(raw)]
+        if sum(n for _, n in spans) != total:
+            raise self._malformed("a gathered frame whose parts do not add up")
+        return spans
+
     def _pull(
-        self, view: memoryview, addr: int, fold: tuple[np.ndarray, Reduce, np.ndarray] | None
+        self,
+        views: list[memoryview],
+        offsets: list[int],
+        remote: list[cma.Span],
+        fold: Fold | None,
     ) -> None:
+        pid = self._in.pid
         try:
             if fold is None:
-                cma.read(self._in.pid, view, addr)
+                cma.read_spans(pid, [(cma.address(v), v.nbytes) for v in views], remote)
                 return
-            buf, reduce, tmp = fold
-            per = buf.itemsize
-            step = REDUCE_CHUNK - REDUCE_CHUNK % per
-            incoming = tmp[:step].view(buf.dtype)
-            base = incoming.ctypes.data
-            for start in range(0, view.nbytes, step):
-                size = min(step, view.nbytes - start)
-                cma.read_to(self._in.pid, base, size, addr + start)
-                reduce(buf[start // per : (start + size) // per], incoming[: size // per])
+            tmp = fold[2]
+            step = REDUCE_CHUNK - REDUCE_CHUNK % fold[0][0].itemsize
+            base = tmp.ctypes.data
+            remote_offsets = _offsets([n for _, n in remote])
+            for start in range(0, offsets[-1], step):
+                size = min(step, offsets[-1] - start)
+                cut = _ranges(remote_offsets, start, size)
+                cma.read_spans(pid, [(base, size)], [(remote[i][0] + o, n) for i, o, n in cut])
+                _fold(fold, offsets, start, tmp[:size])
         except OSError as e:
             raise self._fail(f"single-copy read from {self._what} failed: {e}") from e
 
     def _unstage(
         self,
-        view: memoryview,
+        views: list[memoryview],
+        offsets: list[int],
         start: int,
         slot: int,
         chunk: int,
-        fold: tuple[np.ndarray, Reduce, np.ndarray] | None,
+        fold: Fold | None,
     ) -> None:
         staging = self._in.staging
         if staging is None or not 0 <= slot < SLOTS or chunk > SLOT_BYTES:
             raise self._malformed(f"staged data in slot {slot} of {chunk} bytes")
-        if fold is None:
-            np.copyto(np.frombuffer(view[start:], np.uint8, chunk), staging.slot(slot, chunk))
-        else:
-            buf, reduce, _ = fold
-            per = buf.itemsize
-            part = buf[start // per : (start + chunk) // per]
-            reduce(part, staging.slot(slot, chunk, buf.dtype))
+        src = staging.slot(slot, chunk)
+        if fold is not None:
+            _fold(fold, offsets, start, src)
+            return
+        at = 0
+        for i, off, n in _ranges(offsets, start, chunk):
+            np.frombuffer(views[i], np.uint8, n, off)[...] = src[at : at + n]
+            at += n
 
     def _ack(self) -> None:
         try:

@@ -1,0 +1,66 @@
+"""A burst of large and small tensors through every way the engine can execute a fused
+allreduce: the tensors reduced where they lie as one gathered buffer (shared memory), the large
+ones reduced in place with the small ones in the fusion buffer (TCP only), and all of them in
+the fusion buffer (a fusion threshold below the large tensors never fuses them, so they take
+the single-tensor path). In place and out of place, Sum and Average with scaling factors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness import run_ranks
+
+SHAPES = [(3,), (700_000,), (5, 7), (0,), (300_000,), (1,), (520_000,)]  # floats; 2 above 1 MiB
+
+
+def _burst(rank: int) -> dict[str, Any]:
+    import numpy as np
+
+    import hora as hvd
+    from hora.core.runtime import runtime
+
+    hvd.init()
+    n = hvd.size()
+    stats = runtime().engine.stats
+    fused_before = stats["fused"]
+    out: dict[str, Any] = {}
+    for step in range(3):  # the first burst negotiates in full, the later ones from the cache
+        xs = [(np.arange(int(np.prod(s))) % 23 + rank + step).reshape(s).astype(np.float32)
+              for s in SHAPES]
+        want = [sum((np.arange(x.size) % 23 + r + step) for r in range(n)).reshape(x.shape)
+                for x in xs]
+        keep = [x.copy() for x in xs]
+        hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"out.{i}") for i, x in enumerate(xs)]
+        res = [hvd.synchronize(h) for h in hs]
+        out[f"sum out of place {step}"] = all(
+            np.array_equal(r, w) for r, w in zip(res, want)
+        ) and all(np.array_equal(x, k) for x, k in zip(xs, keep))  # inputs untouched
+        hs = [
+            hvd.allreduce_async_(x, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5,
+                                 name=f"in.{i}")
+            for i, x in enumerate(xs)
+        ]
+        for h in hs:
+            hvd.synchronize(h)
+        out[f"average in place {step}"] = all(
+            np.allclose(x, w / n, rtol=1e-6) for x, w in zip(xs, want)
+        )
+    out["fused"] = stats["fused"] - fused_before
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"HORA_SHM_DISABLE": "1"}, {"HOROVOD_FUSION_THRESHOLD": "65536"}],
+    ids=["gathered-shared-memory", "split-tcp", "small-threshold"],
+)
+def test_fused_bursts_of_large_and_small_tensors(env: dict[str, str]) -> None:
+    for rank, out in enumerate(run_ranks(_burst, 2, timeout=90, env=env)):
+        fused = out.pop("fused")
+        bad = [k for k, ok in out.items() if not ok]
+        assert not bad, f"rank {rank}: wrong results for {bad}"
+        assert fused > 0, f"rank {rank}: no tensor travelled in a fused response"
