@@ -85,6 +85,7 @@ class Engine:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+        self._wake_pending = False  # a wake-up byte was sent and the queue not drained since
         self._ctrl: dict[int, Pair] = {}
         self._stop_requested = False
         self._closing = False  # rank 0: shutdown broadcast sent; others: shutdown received
@@ -122,10 +123,14 @@ class Engine:
     def enqueue(self, ps_id: int, entries: list[TensorEntry]) -> None:
         """Hand entries to the engine; fails them at once if it has stopped."""
         with self._lock:
-            if not self._stopped.is_set() and not self._stop_requested:
+            accepted = not self._stopped.is_set() and not self._stop_requested
+            if accepted:
                 self._queue.append((ps_id, entries))
+                wake, self._wake_pending = not self._wake_pending, True
+        if accepted:
+            if wake:  # outside the lock: the woken engine thread takes it at once
                 self._wake()
-                return
+            return
         err = shut_down_error(self.cause or "")
         for e in entries:
             e.fail(err)
@@ -209,11 +214,10 @@ class Engine:
             events = sel.select(tick if busy else 0.25)
             for key, _ in events:
                 if key.data is None:
-                    try:
-                        while self._wake_r.recv(4096):
-                            pass
-                    except BlockingIOError:
-                        pass
+                    # one read takes every pending wake-up byte (one per enqueue at most while
+                    # the queue waits); any left over only wake the loop once more
+                    with contextlib.suppress(BlockingIOError):
+                        self._wake_r.recv(4096)
                 else:
                     self._read_control(sel, key.data)
             if self.timeline is not None and self.settings.timeline_mark_cycles:
@@ -271,6 +275,7 @@ class Engine:
     # -- member side ------------------------------------------------------------------------
     def _drain_queue(self) -> None:
         with self._lock:
+            self._wake_pending = False
             if not self._queue:
                 return
             batch, self._queue = self._queue, []
