@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 from hora.core.messages import (
@@ -42,10 +41,12 @@ _OP_NAMES = {
 }
 
 
-@dataclass
 class _Pending:
-    requests: dict[int, Request] = field(default_factory=dict)  # set rank -> request
-    first_seen: float = field(default_factory=time.monotonic)
+    __slots__ = ("requests", "first_seen")
+
+    def __init__(self) -> None:
+        self.requests: dict[int, Request] = {}  # set rank -> request
+        self.first_seen = time.monotonic()
 
 
 class SetState:
@@ -91,20 +92,34 @@ class Coordinator:
     # -- input ------------------------------------------------------------------------------
     def on_message(self, global_rank: int, msg: dict[str, Any]) -> None:
         """A member's requests: ``{"ps": id, "ep": epoch, "r": [...], "h": bits}``."""
-        st = self.sets.get(int(msg["ps"]))
-        if st is None:
-            raise ValueError(
-                f"rank {global_rank} sent requests for unknown process set {msg['ps']}"
-            )
+        st = self._set_for(global_rank, msg["ps"])
         srank = st.set_rank(global_rank)
         st.member_epoch[srank] = int(msg.get("ep", 0))
+        self._requests(st, srank, bits_decode(msg.get("h", "")), msg.get("r", ()))
+
+    def on_requests(
+        self, global_rank: int, ps_id: int, epoch: int, hits: list[int], wires: list[Any]
+    ) -> None:
+        """:meth:`on_message` for a message not encoded (rank 0's own requests)."""
+        st = self._set_for(global_rank, ps_id)
+        srank = st.set_rank(global_rank)
+        st.member_epoch[srank] = epoch
+        self._requests(st, srank, hits, wires)
+
+    def _set_for(self, global_rank: int, ps: Any) -> SetState:
+        st = self.sets.get(int(ps))
+        if st is None:
+            raise ValueError(f"rank {global_rank} sent requests for unknown process set {ps}")
+        return st
+
+    def _requests(self, st: SetState, srank: int, hits: list[int], wires: Any) -> None:
         self._purge(st)
-        for cid in bits_decode(msg.get("h", "")):
+        for cid in hits:
             spec = st.mirror.get(cid) or st.graveyard.get(cid, (None, 0))[0]
             if spec is None:
-                raise ValueError(f"rank {global_rank} reported unknown cache entry {cid}")
+                raise ValueError(f"rank {st.ranks[srank]} reported unknown cache entry {cid}")
             self._add(st, srank, spec.request_for(srank))
-        for wire in msg.get("r", ()):
+        for wire in wires:
             self._add(st, srank, Request.from_wire(wire))
 
     def _purge(self, st: SetState) -> None:
@@ -134,7 +149,9 @@ class Coordinator:
 
     def _maybe_ready(self, st: SetState, name: str) -> None:
         pend = st.table[name]
-        if not all(r in pend.requests or r in st.joined for r in range(st.size)):
+        if len(pend.requests) < st.size and (
+            not st.joined or not all(r in pend.requests or r in st.joined for r in range(st.size))
+        ):
             return
         del st.table[name]
         if not st.ready:
@@ -166,6 +183,8 @@ class Coordinator:
         op_name = first.op.name
         for r in ranks[1:]:
             q = reqs[r]
+            if q is first:  # one cached request that every rank hit: nothing can differ
+                continue
             a, b = st.ranks[first_rank], st.ranks[r]
             if q.op != first.op:
                 return (
@@ -279,6 +298,8 @@ class Coordinator:
         """
         out: list[tuple[SetState, list[Response]]] = []
         for st in list(self.sets.values()):  # a response may add or remove a set
+            if not (st.ready or st.barrier or st.joined):
+                continue
             if st.ready and st.table and now - st.ready_since < hold and self._small(st):
                 continue
             responses = self._fuse(st.ready)
@@ -358,7 +379,11 @@ class Coordinator:
                     entries.append(spec.to_wire())
                     continue
                 cid = st.mirror.encode_id(spec)
-                entries.append(cid if cid is not None else spec.to_wire())
+                if cid is not None:  # applying an identical spec only refreshes it
+                    entries.append(cid)
+                    st.mirror.touch(cid)
+                    continue
+                entries.append(spec.to_wire())
                 for old_id, old in st.mirror.apply(spec):
                     st.graveyard[old_id] = (old, st.epoch)
             wire.append([int(resp.op), entries, resp.error, resp.last_joined, resp.process_set_id])

@@ -298,16 +298,11 @@ class Engine:
         for ps_id, (full, hits) in by_set.items():
             self.stats["requests_full"] += len(full)
             self.stats["requests_cached"] += len(hits)
-            msg = {
-                "t": "req",
-                "ps": ps_id,
-                "ep": self.members[ps_id].epoch,
-                "r": full,
-                "h": bits_encode(hits),
-            }
-            if self.rank == 0:
-                self._on_requests(0, msg)
+            epoch = self.members[ps_id].epoch
+            if self.coordinator is not None:  # rank 0: no message to itself
+                self.coordinator.on_requests(0, ps_id, epoch, sorted(hits), full)
             else:
+                msg = {"t": "req", "ps": ps_id, "ep": epoch, "r": full, "h": bits_encode(hits)}
                 self._ctrl[0].send_msg(encode(msg))
 
     def _execute_inbox(self) -> None:

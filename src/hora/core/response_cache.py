@@ -17,9 +17,11 @@ from hora.core.messages import CACHEABLE, Request, TensorSpec
 
 
 def _same(a: TensorSpec, b: TensorSpec) -> bool:
+    if a is b:
+        return True
+    ra, rb = a.request, b.request
     return (
-        a.request.name == b.request.name
-        and a.request.key() == b.request.key()
+        (ra is rb or (ra.name == rb.name and ra.key() == rb.key()))
         and a.first_dims == b.first_dims
         and a.split_matrix == b.split_matrix
     )
@@ -56,6 +58,10 @@ class ResponseCache:
         if cid is not None and _same(self._entries[cid], spec):
             return cid
         return None
+
+    def touch(self, cache_id: int) -> None:
+        """Mark an entry just used (what :meth:`apply` does for a spec already cached)."""
+        self._entries.move_to_end(cache_id)
 
     def apply(self, spec: TensorSpec) -> list[tuple[int, TensorSpec]]:
         """Record that ``spec`` was executed: touch it, or insert it. Returns evicted entries."""
