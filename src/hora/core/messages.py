@@ -7,14 +7,15 @@ A :class:`TensorSpec` is the negotiated description of one tensor: the request o
 plus what differs per rank (allgather's first dimensions, alltoall's split matrix). Specs are
 what the response cache stores.
 
-Messages travel as JSON (never pickle: a malformed frame can only fail to parse). Pure data;
-safe from any thread.
+Messages travel as JSON, the steady state's two kinds in a compact binary form (never pickle:
+a malformed frame can only fail to parse). Pure data; safe from any thread.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -182,13 +183,55 @@ class Response:
 # worker -> coordinator: {"t": "req", "ps": id, "ep": epoch, "r": [requests], "h": hitbits-hex}
 #                        {"t": "shutdown"}
 # coordinator -> worker: {"t": "resp", "ps": id, "l": [responses]}  {"t": "shutdown", "why": s}
+#
+# Most messages are JSON objects. The two that steady-state training sends every step go in a
+# compact binary form that :func:`decode` turns back into the same dict (a JSON text always
+# starts with "{", a binary one with its tag byte; neither is ever executed, only unpacked):
+#   _HITS: a request message with no full requests: tag, ps, epoch, then the raw hit bit vector
+#   _IDS:  a response list made only of cache ids without error or join data: tag, then
+#          little-endian uint32s: ps, number of responses, and per response its op, the number
+#          of ids and the ids
+
+_HITS, _IDS = 1, 2
+_HITS_HEAD = struct.Struct("<BIQ")
+_U32, _U64 = 1 << 32, 1 << 64
 
 
 def encode(msg: dict[str, Any]) -> bytes:
+    kind = msg.get("t")
+    if kind == "req" and not msg["r"] and len(msg) == 5:
+        ps, ep = msg["ps"], msg["ep"]
+        if _plain_int(ps, _U32) and _plain_int(ep, _U64):
+            return _HITS_HEAD.pack(_HITS, ps, ep) + bytes.fromhex(msg["h"])
+    elif kind == "resp" and len(msg) == 3:
+        words = _ids_words(msg["ps"], msg["l"])
+        if words is not None:
+            return bytes((_IDS,)) + struct.pack(f"<{len(words)}I", *words)
     return json.dumps(msg, separators=(",", ":")).encode()
 
 
+def _plain_int(v: Any, bound: int) -> bool:
+    return type(v) is int and 0 <= v < bound
+
+
+def _ids_words(ps: Any, responses: list[Any]) -> list[int] | None:
+    """The uint32 words of the binary form of a response list, or None if it has none."""
+    if not _plain_int(ps, _U32):
+        return None
+    words = [ps, len(responses)]
+    for resp in responses:
+        op, entries, error, last_joined, ps_id = resp
+        if error != "" or last_joined != -1 or ps_id != 0 or not _plain_int(op, _U32):
+            return None
+        if not all(_plain_int(e, _U32) for e in entries):
+            return None
+        words += (op, len(entries), *entries)
+    return words
+
+
 def decode(payload: bytes) -> dict[str, Any]:
+    if payload[:1] in (b"\x01", b"\x02"):
+        return _decode_binary(payload)
     try:
         msg = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as e:
@@ -196,6 +239,28 @@ def decode(payload: bytes) -> dict[str, Any]:
     if not isinstance(msg, dict) or "t" not in msg:
         raise ValueError("malformed control message: not an object with a type")
     return msg
+
+
+def _decode_binary(payload: bytes) -> dict[str, Any]:
+    if payload[0] == _HITS:
+        if len(payload) < _HITS_HEAD.size:
+            raise ValueError("malformed control message: truncated request")
+        _, ps, ep = _HITS_HEAD.unpack_from(payload)
+        return {"t": "req", "ps": ps, "ep": ep, "r": [], "h": payload[_HITS_HEAD.size :].hex()}
+    body = memoryview(payload)[1:]
+    if body.nbytes % 4 or body.nbytes < 8:
+        raise ValueError("malformed control message: truncated response list")
+    words = struct.unpack(f"<{body.nbytes // 4}I", body)
+    responses, i = [], 2
+    for _ in range(words[1]):
+        if i + 2 > len(words) or i + 2 + words[i + 1] > len(words):
+            raise ValueError("malformed control message: truncated response list")
+        end = i + 2 + words[i + 1]
+        responses.append([words[i], list(words[i + 2 : end]), "", -1, 0])
+        i = end
+    if i != len(words):
+        raise ValueError("malformed control message: trailing data after the response list")
+    return {"t": "resp", "ps": words[0], "l": responses}
 
 
 def bits_encode(ids: list[int]) -> str:
