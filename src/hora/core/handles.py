@@ -18,11 +18,24 @@ _counter = itertools.count()
 
 
 class Handle:
-    __slots__ = ("_id", "_event", "_result", "_error", "_finalize", "_callbacks", "__weakref__")
+    __slots__ = (
+        "_id",
+        "_done",
+        "_gate",
+        "_result",
+        "_error",
+        "_finalize",
+        "_callbacks",
+        "__weakref__",
+    )
 
     def __init__(self, finalize: Callable[[Any], Any] | None = None) -> None:
         self._id = next(_counter)
-        self._event = threading.Event()
+        # A bare lock, held from creation until completion (lighter than a threading.Event):
+        # a waiter acquires it and passes it on at once, so any number of threads can wait.
+        self._done = False
+        self._gate = threading.Lock()
+        self._gate.acquire()
         self._result: Any = None
         self._error: BaseException | None = None
         self._finalize = finalize
@@ -41,16 +54,30 @@ class Handle:
         self._complete()
 
     def _complete(self) -> None:
-        self._event.set()
+        self._done = True
+        self._gate.release()
         for cb in self._callbacks:
             cb(self)
 
     # -- user side --------------------------------------------------------------------------
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
+
+    def _wait(self, timeout: float | None) -> bool:
+        if self._done:
+            return True
+        if timeout is None:
+            got = self._gate.acquire()
+        elif timeout > 0:
+            got = self._gate.acquire(timeout=timeout)
+        else:
+            got = self._gate.acquire(blocking=False)
+        if got:
+            self._gate.release()
+        return got
 
     def wait(self, timeout: float | None = None) -> Any:
-        if not self._event.wait(timeout):
+        if not self._wait(timeout):
             raise TimeoutError(f"handle {self._id} did not complete within {timeout} s")
         if self._error is not None:
             raise self._error
@@ -59,13 +86,13 @@ class Handle:
     result = wait
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._event.wait(timeout)
+        self._wait(timeout)
         return self._error
 
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         """Run ``fn(handle)`` when done (in the engine thread, or now if already done)."""
         self._callbacks.append(fn)
-        if self._event.is_set() and fn in self._callbacks:
+        if self._done and fn in self._callbacks:
             self._callbacks.remove(fn)
             fn(self)
 
