@@ -427,6 +427,10 @@ def decode_responses(wire: list[Any], cache: ResponseCache) -> list[Response]:
                 spec = cache.get(e)
                 if spec is None:
                     raise ValueError(f"response names cache entry {e} that this rank lacks")
+                if op != OpType.ERROR:
+                    cache.touch(e)  # what applying the very spec cached under ``e`` does
+                    specs.append(spec)
+                    continue
             else:
                 spec = TensorSpec.from_wire(e)
             if op == OpType.ERROR:
