@@ -43,6 +43,8 @@ class Handle:
 
     # -- engine side ----------------------------------------------------------------------
     def set_result(self, raw: Any) -> None:
+        if self._done:
+            return
         try:
             self._result = self._finalize(raw) if self._finalize is not None else raw
         except BaseException as e:  # a finalizer's failure belongs to the caller
@@ -50,6 +52,8 @@ class Handle:
         self._complete()
 
     def set_error(self, error: BaseException) -> None:
+        if self._done:
+            return
         self._error = error
         self._complete()
 
