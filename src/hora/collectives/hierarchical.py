@@ -263,11 +263,8 @@ def _isend(pair: Pair, parts: list[np.ndarray]) -> Work | None:
         return None
     if len(parts) == 1:
         return pair.isend(as_bytes(parts[0]))
-    gather = getattr(pair, "isend_parts", None)
-    if gather is not None:
-        work: Work = gather([as_bytes(p) for p in parts])
-        return work
-    return pair.isend(as_bytes(np.concatenate(parts)))
+    work: Work = _gathering(pair).isend_parts([as_bytes(p) for p in parts])
+    return work
 
 
 def _recv(pair: Pair, parts: list[np.ndarray], fold: tuple[Reducer, Any] | None) -> None:
@@ -279,23 +276,18 @@ def _recv(pair: Pair, parts: list[np.ndarray], fold: tuple[Reducer, Any] | None)
             pair.recv_into(as_bytes(parts[0]))
         else:
             recv_reduce(pair, parts[0], *fold)
-        return
-    if fold is None and hasattr(pair, "recv_parts_into"):
-        pair.recv_parts_into([as_bytes(p) for p in parts])
-        return
-    if fold is not None and hasattr(pair, "recv_reduce_parts"):
-        scratch = fold[1] if fold[1] is not None else np.empty(0, np.uint8)
-        pair.recv_reduce_parts(parts, fold[0], scratch)
-        return
-    whole = np.concatenate(parts)
-    if fold is None:
-        pair.recv_into(as_bytes(whole))
+    elif fold is None:
+        _gathering(pair).recv_parts_into([as_bytes(p) for p in parts])
     else:
-        recv_reduce(pair, whole, *fold)
-    pos = 0
-    for p in parts:
-        p[...] = whole[pos : pos + p.size]
-        pos += p.size
+        scratch = fold[1] if fold[1] is not None else np.empty(0, np.uint8)
+        _gathering(pair).recv_reduce_parts(parts, fold[0], scratch)
+
+
+def _gathering(pair: Pair) -> Any:
+    """``pair``, which must carry frames of several buffers (the shared-memory pair does)."""
+    if not hasattr(pair, "isend_parts"):
+        raise TypeError(f"{pair!r} cannot carry a frame of several buffers")
+    return pair
 
 
 def _share(local: SubComm, buf: np.ndarray) -> None:

@@ -92,32 +92,24 @@ class Coordinator:
     # -- input ------------------------------------------------------------------------------
     def on_message(self, global_rank: int, msg: dict[str, Any]) -> None:
         """A member's requests: ``{"ps": id, "ep": epoch, "r": [...], "h": bits}``."""
-        st = self._set_for(global_rank, msg["ps"])
-        srank = st.set_rank(global_rank)
-        st.member_epoch[srank] = int(msg.get("ep", 0))
-        self._requests(st, srank, bits_decode(msg.get("h", "")), msg.get("r", ()))
+        hits = bits_decode(msg.get("h", ""))
+        self.on_requests(global_rank, msg["ps"], int(msg.get("ep", 0)), hits, msg.get("r", ()))
 
     def on_requests(
-        self, global_rank: int, ps_id: int, epoch: int, hits: list[int], wires: list[Any]
+        self, global_rank: int, ps_id: int, epoch: int, hits: list[int], wires: Any
     ) -> None:
-        """:meth:`on_message` for a message not encoded (rank 0's own requests)."""
-        st = self._set_for(global_rank, ps_id)
+        """:meth:`on_message` for a message not encoded (rank 0's own requests): cache ids
+        ``hits``, full requests ``wires``."""
+        st = self.sets.get(int(ps_id))
+        if st is None:
+            raise ValueError(f"rank {global_rank} sent requests for unknown process set {ps_id}")
         srank = st.set_rank(global_rank)
         st.member_epoch[srank] = epoch
-        self._requests(st, srank, hits, wires)
-
-    def _set_for(self, global_rank: int, ps: Any) -> SetState:
-        st = self.sets.get(int(ps))
-        if st is None:
-            raise ValueError(f"rank {global_rank} sent requests for unknown process set {ps}")
-        return st
-
-    def _requests(self, st: SetState, srank: int, hits: list[int], wires: Any) -> None:
         self._purge(st)
         for cid in hits:
             spec = st.mirror.get(cid) or st.graveyard.get(cid, (None, 0))[0]
             if spec is None:
-                raise ValueError(f"rank {st.ranks[srank]} reported unknown cache entry {cid}")
+                raise ValueError(f"rank {global_rank} reported unknown cache entry {cid}")
             self._add(st, srank, spec.request_for(srank))
         for wire in wires:
             self._add(st, srank, Request.from_wire(wire))

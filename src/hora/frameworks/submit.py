@@ -107,31 +107,59 @@ def _submit(
                 raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=req.op.name.lower(), name=name))
         for k in keys:
             _pending[k] = 1
-    if len(requests) == 1:  # the common case: no results to collect
-        key = keys[0]
+    gather = _one_entry if len(requests) == 1 else _entries
+    entries = gather(keys, requests, arrays, outputs, handle, grouped)
+    _handles.add(handle)
+    rt.engine.enqueue(ps_id, entries)
+    return handle
 
-        def done(value: Any) -> None:
-            with _pending_lock:
-                _pending.pop(key, None)
-            handle.set_result([value] if grouped else value)
 
-        def failed(error: BaseException) -> None:
-            with _pending_lock:
-                _pending.pop(key, None)
-            handle.set_error(error)
+Key = tuple[int, str]
 
-        entries = [TensorEntry(requests[0], arrays[0], outputs[0], done, failed)]
-        _handles.add(handle)
-        rt.engine.enqueue(ps_id, entries)
-        return handle
+
+def _release(key: Key) -> None:
+    with _pending_lock:
+        _pending.pop(key, None)
+
+
+def _one_entry(
+    keys: list[Key],
+    requests: list[Request],
+    arrays: list[np.ndarray | None],
+    outputs: list[np.ndarray | None],
+    handle: Handle,
+    grouped: bool,
+) -> list[TensorEntry]:
+    """The common case, one tensor: its entry completes the handle directly."""
+    key = keys[0]
+
+    def done(value: Any) -> None:
+        _release(key)
+        handle.set_result([value] if grouped else value)
+
+    def failed(error: BaseException) -> None:
+        _release(key)
+        handle.set_error(error)
+
+    return [TensorEntry(requests[0], arrays[0], outputs[0], done, failed)]
+
+
+def _entries(
+    keys: list[Key],
+    requests: list[Request],
+    arrays: list[np.ndarray | None],
+    outputs: list[np.ndarray | None],
+    handle: Handle,
+    grouped: bool,
+) -> list[TensorEntry]:
+    """Several tensors: the handle completes when the last of their entries does."""
     results: list[Any] = [None] * len(requests)
     left = [len(requests)]
     errors: list[BaseException] = []
     lock = threading.Lock()
 
     def settle(i: int, value: Any, error: BaseException | None) -> None:
-        with _pending_lock:
-            _pending.pop(keys[i], None)
+        _release(keys[i])
         with lock:
             results[i] = value
             if error is not None:
@@ -144,15 +172,12 @@ def _submit(
         else:
             handle.set_result(results if grouped else results[0])
 
-    entries = [
+    return [
         TensorEntry(
             req, arr, out, (lambda v, i=i: settle(i, v, None)), (lambda e, i=i: settle(i, None, e))
         )
         for i, (req, arr, out) in enumerate(zip(requests, arrays, outputs))
     ]
-    _handles.add(handle)
-    rt.engine.enqueue(ps_id, entries)
-    return handle
 
 
 def _prepare(
