@@ -7,7 +7,9 @@ rendezvous store) and whether the ranks of this host reach each other over share
   block that rank owns, reduces the blocks it receives into its own block as they arrive
   (``recv_reduce``: pulled straight from the sender's memory, in cache-sized pieces), then sends
   its reduced block to every rank. Each byte crosses once per phase with no forwarding, and a
-  block is reduced by one rank only, so every rank ends with the same bits.
+  block is reduced by one rank only, so every rank ends with the same bits. Between two ranks
+  over single copy it is one round: each reduced piece is written straight back into the
+  peer's buffer (``isend_reduce``), so the second phase is not needed.
 * **Several hosts** (:func:`allreduce_hierarchical`): reduce inside each host into the lowest
   rank of the host (the local leader), allreduce across hosts between the leaders only,
   then send the result to the other ranks of each host. :func:`allgatherv_hierarchical`
@@ -227,6 +229,9 @@ def allreduce_direct(
     """
     n, me = comm.size, comm.rank
     blocks = _cut([buf] if isinstance(buf, np.ndarray) else list(buf), n)
+    if n == 2 and hasattr(comm.pair(1 - me), "isend_reduce"):
+        _allreduce_pair(comm.pair(1 - me), blocks[1 - me], blocks[me], reduce, scratch)
+        return
     sends = [_isend(comm.pair(j), blocks[j]) for j in ((me + k) % n for k in range(1, n))]
     for k in range(1, n):
         _recv(comm.pair((me - k) % n), blocks[me], (reduce, scratch))
@@ -237,6 +242,31 @@ def allreduce_direct(
     for work in sends:
         if work is not None:
             work.wait()
+
+
+def _allreduce_pair(
+    pair: Any,
+    theirs: list[np.ndarray],
+    mine: list[np.ndarray],
+    reduce: Reducer,
+    scratch: np.ndarray | None,
+) -> None:
+    """:func:`allreduce_direct` between two ranks of a shared-memory pair, in one round where
+    single-copy allows: each rank reduces its own block and writes every reduced piece straight
+    back into the peer's buffer while it is still in cache (``isend_reduce``), so no second
+    phase sends the blocks back. A frame that cannot be written back (staged, or small) is
+    answered with the reduced block as usual; the frame kinds tell each side which it was."""
+    work, back = pair.isend_reduce([as_bytes(p) for p in theirs]) if theirs else (None, True)
+    wrote = True
+    if mine:
+        tmp = scratch if scratch is not None else np.empty(0, np.uint8)
+        wrote = pair.recv_reduce_parts(mine, reduce, tmp)
+    answer = None if wrote else _isend(pair, mine)
+    if not back:
+        _recv(pair, theirs, None)
+    for w in (work, answer):
+        if w is not None:
+            w.wait()
 
 
 def _cut(parts: list[np.ndarray], n: int) -> list[list[np.ndarray]]:

@@ -81,8 +81,12 @@ class Executor:
     def _target(self, spec: TensorSpec, entry: TensorEntry | None) -> np.ndarray:
         """Where ``spec`` is reduced: its output (or a new array), holding its input."""
         src = self._input(spec, entry)
-        out = entry.output if entry is not None and entry.output is not None else None
-        flat = out.reshape(-1) if out is not None else np.empty_like(src)
+        if entry is None or entry.output is None:
+            return src.copy()
+        out = entry.output
+        if out is entry.array:  # in place, the common case (no address to compare)
+            return src
+        flat = out.reshape(-1)
         if flat.ctypes.data != src.ctypes.data:  # not in place
             np.copyto(flat, src)
         return flat

@@ -52,14 +52,14 @@ class Lane:
     def __init__(self, name: str, closed_error: Callable[[], TransportError]) -> None:
         self._name = name
         self._closed_error = closed_error
-        self._queue: queue.SimpleQueue[tuple[Callable[[], None], Completion] | None]
+        self._queue: queue.SimpleQueue[tuple[Callable[[], object], Completion] | None]
         self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last: Completion | None = None
 
-    def submit(self, op: Callable[[], None]) -> Completion:
+    def submit(self, op: Callable[[], object]) -> Completion:
         """Queue ``op``; its Work is done when ``op`` returns, or fails with what it raised."""
         work = Completion()
         with self._lock:

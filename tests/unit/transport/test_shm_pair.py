@@ -248,6 +248,66 @@ def test_close_wakes_a_blocked_receive() -> None:
     assert not results[1].ok and "rank 0" in str(results[1].value), results[1]
 
 
+def _write_back(rank: int, single_copy: bool) -> dict[str, Any]:
+    import numpy as np
+
+    from hora.collectives.hierarchical import _allreduce_pair
+    from hora.transport.shm.pair import EAGER_LIMIT
+
+    t = _transport(rank, single_copy)
+    pair = t.pair(1 - rank)
+    add = lambda a, b: np.add(a, b, out=a)  # noqa: E731
+    scratch = np.empty(1 << 18, np.uint8)
+    out: dict[str, Any] = {"ok": [], "back": []}
+    # each rank sends the block the peer owns and folds the peer's block into its own
+    for count in (EAGER_LIMIT // 4, EAGER_LIMIT // 4 + 1, 1_500_007):
+        theirs = (np.arange(count) % 7 + rank).astype(np.float32)
+        mine = (np.arange(count) % 5 + 10 * rank).astype(np.float32)
+        work, back = pair.isend_reduce([memoryview(theirs)])
+        wrote = pair.recv_reduce(mine, add, scratch)
+        answer = None if wrote else pair.isend(memoryview(mine))
+        if not back:  # a plain frame: the owner answers with its reduced block
+            pair.recv_into(memoryview(theirs))
+        for w in (work, answer):
+            if w is not None:
+                w.wait()
+        sums = [(np.arange(count) % 5 + 10 * r + np.arange(count) % 7 + 1 - r) for r in (0, 1)]
+        ok = np.array_equal(mine, sums[rank]) and np.array_equal(theirs, sums[1 - rank])
+        out["ok"].append((f"block {count}", bool(ok)))
+        out["back"].append((count, back, wrote))
+    # blocks of different sizes: rank 1's (large) is written back, rank 0's (inline) is
+    # answered; each side learns which from the frame kinds, over parts and single buffers
+    sizes = (1000, 900_001)
+    full = [(np.arange(sum(sizes)) % 9 + r).astype(np.float64) for r in (0, 1)]
+    blocks = [np.split(f, [sizes[0]]) for f in full]  # blocks[rank][owner]
+    cut = [0, 5, sizes[1] // 2, sizes[1] // 2]  # rank 1's block in parts, one of them empty
+    mine = [blocks[rank][rank].copy()] if rank == 0 else np.split(blocks[1][1], cut)
+    theirs = np.split(blocks[0][1], cut) if rank == 0 else [blocks[1][0].copy()]
+    mine, theirs = [p.copy() for p in mine], [p.copy() for p in theirs]
+    _allreduce_pair(pair, theirs, mine, add, scratch)
+    want = np.split((np.arange(sum(sizes)) % 9) * 2 + 1.0, [sizes[0]])
+    ok = np.array_equal(np.concatenate(mine), want[rank])
+    ok = ok and np.array_equal(np.concatenate(theirs), want[1 - rank])
+    out["ok"].append(("mixed", bool(ok)))
+    t.close()
+    return out
+
+
+@pytest.mark.timeout(120)
+@MODES
+def test_reduced_blocks_are_written_back_into_the_senders_buffer(single_copy: bool) -> None:
+    """``isend_reduce``: over single copy, the peer writes each reduced piece back into the
+    sender's buffer (no second phase); inline and staged frames fall back to a plain frame
+    answered with the reduced block, and the two kinds mix within one allreduce."""
+    results = run_ranks(_write_back, 2, args=(single_copy,), timeout=100)
+    for rank, out in enumerate(results):
+        bad = [what for what, ok in out["ok"] if not ok]
+        assert not bad, f"rank {rank}: wrong data for {bad}"
+        for count, back, wrote in out["back"]:
+            large = count * 4 > (512 << 10)
+            assert back == wrote == (single_copy and large), (rank, count, back, wrote)
+
+
 def _collectives(rank: int, single_copy: bool) -> dict[str, bool]:
     import numpy as np
 
@@ -292,8 +352,10 @@ def _collectives(rank: int, single_copy: bool) -> dict[str, bool]:
 
 @pytest.mark.timeout(150)
 @MODES
-def test_hora_collectives_run_over_shared_memory_pairs(single_copy: bool) -> None:
-    for rank, out in enumerate(run_ranks(_collectives, 3, args=(single_copy,), timeout=120)):
+@pytest.mark.parametrize("size", [2, 3])
+def test_hora_collectives_run_over_shared_memory_pairs(single_copy: bool, size: int) -> None:
+    """At 2 ranks the direct allreduce runs in one round (written back over single copy)."""
+    for rank, out in enumerate(run_ranks(_collectives, size, args=(single_copy,), timeout=120)):
         bad = [k for k, ok in out.items() if not ok]
         assert not bad, f"rank {rank}: wrong results for {bad}"
 

@@ -1,10 +1,12 @@
-"""Single-copy reads of another process's memory (Linux cross-memory attach, ``process_vm_readv``).
+"""Single-copy reads and writes of another process's memory (Linux cross-memory attach).
 
 A receiver that may read its peer's memory copies a payload straight from the sender's buffer
 into its own: one copy, no staging. The kernel allows it when the reader could ptrace the
 target (same user, and Yama's ``ptrace_scope`` at 0, or the target allowed it); a container's
 seccomp profile may forbid the call outright. :func:`readable` tells, per peer, by reading a
-probe buffer whose content the peer sent beside its address.
+probe buffer whose content the peer sent beside its address. The same check allows
+``process_vm_writev`` (:func:`write_spans`), with which a rank that reduced a peer's block
+writes the result straight back into the peer's buffer.
 
 The call goes through ``ctypes``, which releases the GIL for its duration. Pure functions;
 thread-safe.
@@ -27,11 +29,11 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _load(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     if not sys.platform.startswith("linux"):
         return None
     try:
-        func = ctypes.CDLL(None, use_errno=True).process_vm_readv
+        func = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
     func.argtypes = [
@@ -46,7 +48,8 @@ def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     return func
 
 
-_READV = _load()
+_READV = _load("process_vm_readv")
+_WRITEV = _load("process_vm_writev")
 
 
 def supported() -> bool:
@@ -114,19 +117,36 @@ def read_spans(pid: int, local: list[Span], remote: list[Span]) -> None:
     if len(local) == 1 and len(remote) == 1:
         read_to(pid, local[0][0], local[0][1], remote[0][0])
         return
-    if _READV is None:
-        raise OSError(errno.ENOSYS, "process_vm_readv is not available on this platform")
+    _transfer(_READV, "process_vm_readv", pid, local, remote)
+
+
+def write_spans(pid: int, local: list[Span], remote: list[Span]) -> None:
+    """The reverse of :func:`read_spans`: copy ``local`` (spans here) into ``remote`` (spans in
+    process ``pid``). Allowed exactly when reading is (the same ptrace check), into memory the
+    other process can write."""
+    _transfer(_WRITEV, "process_vm_writev", pid, local, remote)
+
+
+def _transfer(
+    func: ctypes._CFuncPtr | None,  # type: ignore[name-defined]
+    what: str,
+    pid: int,
+    local: list[Span],
+    remote: list[Span],
+) -> None:
+    if func is None:
+        raise OSError(errno.ENOSYS, f"{what} is not available on this platform")
     pieces = matched(local, remote)
     k = 0
     while k < len(pieces):
         batch = pieces[k : k + _IOV_BATCH]
         loc = (_IoVec * len(batch))(*[_IoVec(a, n) for a, _, n in batch])
         rem = (_IoVec * len(batch))(*[_IoVec(r, n) for _, r, n in batch])
-        got = _READV(pid, loc, len(batch), rem, len(batch), 0)
+        got = func(pid, loc, len(batch), rem, len(batch), 0)
         if got <= 0:
             err = ctypes.get_errno() if got < 0 else errno.EFAULT
-            raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
-        for a, r, n in batch:  # a short read stops inside one piece: resume there
+            raise OSError(err, f"{what} with pid {pid}: {os.strerror(err)}")
+        for a, r, n in batch:  # a short transfer stops inside one piece: resume there
             if got < n:
                 pieces[k] = (a + got, r + got, n - got)
                 break

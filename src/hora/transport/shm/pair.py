@@ -16,7 +16,10 @@ one of two ways, chosen per direction when the pair was made:
 
 :meth:`ShmPair.recv_reduce` receives a frame and reduces it into a typed buffer in the same
 pass (cache-sized pieces of a pulled payload, or straight out of a staging slot), which saves
-a whole copy against ``recv_into`` followed by a reduction.
+a whole copy against ``recv_into`` followed by a reduction. A single-copy frame sent with
+:meth:`ShmPair.isend_reduce` carries ``WRITE_BACK``: the receiver reduces it into its own block
+and writes each reduced piece back over the sender's buffer (``process_vm_writev``) before it
+acknowledges, so a two-rank allreduce needs no second phase.
 
 Threads: the engine thread issues the operations. Like the TCP pair, ``irecv`` and any send
 that cannot finish at once run on two daemon lane threads of the pair (FIFO, so order holds); a
@@ -59,6 +62,7 @@ KIND_NAMES = {
 EAGER_LIMIT = 512 << 10  # inline below: cheaper than a pull and its acknowledgement
 REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays in cache)
 MAX_SPANS = 1 << 16  # parts of one gathered frame, at most
+WRITE_BACK = 1  # in the slot byte of a single-copy frame: reduce it, then write the result back
 _ACK = b"\x06"
 _DONE = Completion(done=True)  # shared by every isend that completed at once
 
@@ -173,6 +177,32 @@ class ShmPair:
             return acked if written.done() else written
         return self._sender.submit(partial(self._send_blocking, views))
 
+    def isend_reduce(self, bufs: Sequence[Buffer]) -> tuple[Completion, bool]:
+        """Send ``bufs`` (as :meth:`isend_parts`) for the peer to reduce into its own block.
+
+        When the second value is True the frame is single-copy with ``WRITE_BACK``: the peer
+        reads the parts, reduces them into its block and writes the reduced values back into
+        ``bufs``, all before the Completion is done, so the caller need not receive the result.
+        False: a plain frame, and the peer sends the result back as usual. Only writable
+        buffers larger than ``EAGER_LIMIT`` on an idle single-copy link go back this way.
+        """
+        views = _views(bufs)
+        total = sum(v.nbytes for v in views)
+        if (
+            self._closed
+            or not self._out.single_copy
+            or total <= EAGER_LIMIT
+            or not self._sender.idle()
+            or any(v.readonly for v in views)
+        ):
+            return self.isend_parts(views), False
+        try:
+            acked, head = self._announce(views, WRITE_BACK)
+        except TransportError as e:
+            return Completion(e), True
+        written = self._write_soon(head, then=acked.wait)
+        return (acked if written.done() else written), True
+
     def send_msg(self, payload: bytes) -> None:
         view = byte_view(payload)
         if view.nbytes > MAX_MESSAGE:
@@ -239,7 +269,7 @@ class ShmPair:
     # -- acknowledgements (the ack thread) ----------------------------------------------------
 
     def _announce(
-        self, views: list[memoryview]
+        self, views: list[memoryview], flags: int = 0
     ) -> tuple[Completion, list[bytes | memoryview]]:
         """Register a single-copy frame of ``views``: its Work (done when acknowledged), and
         what to write (the header, then for several parts their addresses and lengths)."""
@@ -247,9 +277,9 @@ class ShmPair:
         self._expect_ack(work, views)
         total = sum(v.nbytes for v in views)
         if len(views) == 1:
-            return work, [HEADER.pack(PULL, 0, 0, total, cma.address(views[0]))]
+            return work, [HEADER.pack(PULL, flags, 0, total, cma.address(views[0]))]
         spans = b"".join(SPAN.pack(cma.address(v), v.nbytes) for v in views)
-        return work, [HEADER.pack(PULLV, 0, len(views), total, 0), spans]
+        return work, [HEADER.pack(PULLV, flags, len(views), total, 0), spans]
 
     def _expect_ack(self, work: Completion | None, keep: object = None) -> None:
         """Register a frame the peer will acknowledge, before it is written: a single-copy
@@ -328,24 +358,26 @@ class ShmPair:
         views = _views([buf], writable=True)
         return self._receiver.submit(partial(self._recv, views, None))
 
-    def recv_reduce(self, buf: np.ndarray, reduce: Reduce, scratch: np.ndarray) -> None:
+    def recv_reduce(self, buf: np.ndarray, reduce: Reduce, scratch: np.ndarray) -> bool:
         """Receive one data frame of ``buf.nbytes`` and fold it in: ``reduce(buf, frame)``.
 
         ``buf`` is a 1-D C-contiguous typed array; ``scratch`` (any dtype, C-contiguous) holds
         pieces of the frame when it has ``REDUCE_CHUNK`` bytes, else scratch is allocated.
+        Returns True when the frame was a :meth:`isend_reduce` write-back frame: the reduced
+        values are then already in the sender's buffer, piece by piece as they were made.
         """
-        self.recv_reduce_parts([buf], reduce, scratch)
+        return self.recv_reduce_parts([buf], reduce, scratch)
 
     def recv_reduce_parts(
         self, parts: Sequence[np.ndarray], reduce: Reduce, scratch: np.ndarray
-    ) -> None:
+    ) -> bool:
         """:meth:`recv_reduce` into the concatenation of ``parts`` (1-D, one dtype)."""
         if scratch.nbytes < max(REDUCE_CHUNK, EAGER_LIMIT):
             scratch = np.empty(max(REDUCE_CHUNK, EAGER_LIMIT), np.uint8)
         tmp = scratch.reshape(-1).view(np.uint8)
         arrays = [p for p in parts if p.size]
         self._receiver.drain()
-        self._recv([as_bytes(a) for a in arrays], (arrays, reduce, tmp))
+        return self._recv([as_bytes(a) for a in arrays], (arrays, reduce, tmp))
 
     def recv_msg(self) -> bytes:
         self._receiver.drain()
@@ -356,12 +388,16 @@ class ShmPair:
         self._read_exact(memoryview(body))
         return bytes(body)
 
-    def _recv(self, views: list[memoryview], fold: Fold | None) -> None:
+    def _recv(self, views: list[memoryview], fold: Fold | None) -> bool:
+        """Receive one data frame into ``views`` (or fold it in); True if it was written back."""
         mine = sum(v.nbytes for v in views)
         kind, slot, chunk, total, addr = self._read_header()
         if kind not in (EAGER, PULL, PULLV, STAGED) or total != mine:
             got = KIND_NAMES.get(kind, kind)
             raise self._malformed(f"expected {mine} bytes of data, got {got} of {total}")
+        back = kind in (PULL, PULLV) and slot == WRITE_BACK
+        if back and fold is None:
+            raise self._malformed("a frame to reduce and write back arrived at a plain receive")
         offsets = _offsets([v.nbytes for v in views])
         if kind == EAGER:
             if fold is None:
@@ -372,7 +408,7 @@ class ShmPair:
                 _fold(fold, offsets, 0, fold[2][:total])
         elif kind in (PULL, PULLV):
             remote = [(addr, total)] if kind == PULL else self._read_spans(chunk, total)
-            self._pull(views, offsets, remote, fold)
+            self._pull(views, offsets, remote, fold, back)
             self._ack()
         else:
             done = 0
@@ -387,6 +423,7 @@ class ShmPair:
                 kind, slot, chunk, again, _ = self._read_header()
                 if kind != STAGED or again != total:
                     raise self._malformed("a staged payload was cut short")
+        return back
 
     def _read_spans(self, count: int, total: int) -> list[cma.Span]:
         """The parts of a gathered single-copy frame: ``count`` (address, bytes) adding up to
@@ -406,11 +443,15 @@ class ShmPair:
         offsets: list[int],
         remote: list[cma.Span],
         fold: Fold | None,
+        back: bool = False,
     ) -> None:
+        """Copy the sender's parts ``remote`` into ``views``, or fold them in piece by piece;
+        with ``back``, each reduced piece is written back over the sender's, still in cache."""
         pid = self._in.pid
         try:
+            local = [(cma.address(v), v.nbytes) for v in views]
             if fold is None:
-                cma.read_spans(pid, [(cma.address(v), v.nbytes) for v in views], remote)
+                cma.read_spans(pid, local, remote)
                 return
             tmp = fold[2]
             step = REDUCE_CHUNK - REDUCE_CHUNK % fold[0][0].itemsize
@@ -418,11 +459,14 @@ class ShmPair:
             remote_offsets = _offsets([n for _, n in remote])
             for start in range(0, offsets[-1], step):
                 size = min(step, offsets[-1] - start)
-                cut = _ranges(remote_offsets, start, size)
-                cma.read_spans(pid, [(base, size)], [(remote[i][0] + o, n) for i, o, n in cut])
+                there = [(remote[i][0] + o, n) for i, o, n in _ranges(remote_offsets, start, size)]
+                cma.read_spans(pid, [(base, size)], there)
                 _fold(fold, offsets, start, tmp[:size])
+                if back:
+                    here = [(local[i][0] + o, n) for i, o, n in _ranges(offsets, start, size)]
+                    cma.write_spans(pid, here, there)
         except OSError as e:
-            raise self._fail(f"single-copy read from {self._what} failed: {e}") from e
+            raise self._fail(f"single-copy transfer with {self._what} failed: {e}") from e
 
     def _unstage(
         self,
