@@ -88,12 +88,20 @@ def _check(op: int, dtype: str) -> None:
 
 def reducer(op: int, dtype: str) -> Reducer:
     """A function doing ``acc = acc (op) incoming`` in place on storage-dtype arrays."""
-    _check(op, dtype)
-    if dtype == "bool":
-        return _ufunc_reducer(_BOOL_UFUNCS[op])
-    if dtype == "bfloat16":
-        return _bf16_reducer(_UFUNCS[op])
-    return _ufunc_reducer(_UFUNCS[op])
+    found = _REDUCERS.get((op, dtype))
+    if found is None:
+        _check(op, dtype)
+        if dtype == "bool":
+            found = _ufunc_reducer(_BOOL_UFUNCS[op])
+        elif dtype == "bfloat16":
+            found = _bf16_reducer(_UFUNCS[op])
+        else:
+            found = _ufunc_reducer(_UFUNCS[op])
+        _REDUCERS[op, dtype] = found
+    return found
+
+
+_REDUCERS: dict[tuple[int, str], Reducer] = {}  # made once per (op, dtype), checked then
 
 
 def _ufunc_reducer(ufunc: np.ufunc) -> Reducer:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import selectors
 import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from hora.backends.base import Backend, SetComm
@@ -203,23 +206,28 @@ class Engine:
             self.transport.close()
 
     def _loop(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        # a bare poll (no selectors layer): the loop runs once or twice per op
+        poller = select.poll()
+        wake = self._wake_r.fileno()
+        poller.register(wake, select.POLLIN)
+        peers = {}
         for peer, pair in self._ctrl.items():
-            sel.register(pair.fileno(), selectors.EVENT_READ, peer)
-        tick = max(self.settings.cycle_time_ms / 1000.0, 0.0)
+            peers[pair.fileno()] = peer
+            poller.register(pair.fileno(), select.POLLIN)
+        tick = max(self.settings.cycle_time_ms, 0.0)
         deadline = 0.0
         while True:
-            busy = any(ms.table for ms in self.members.values()) or self._closing
-            events = sel.select(tick if busy else 0.25)
-            for key, _ in events:
-                if key.data is None:
+            busy = self._closing or any(ms.table for ms in self.members.values())
+            for fd, ev in poller.poll(tick if busy else 250.0):
+                if ev & select.POLLNVAL:  # closed under the loop (a shutdown that timed out)
+                    poller.unregister(fd)
+                elif fd == wake:
                     # one read takes every pending wake-up byte (one per enqueue at most while
                     # the queue waits); any left over only wake the loop once more
                     with contextlib.suppress(BlockingIOError):
                         self._wake_r.recv(4096)
-                else:
-                    self._read_control(sel, key.data)
+                elif fd in peers:
+                    self._read_control(peers[fd], partial(poller.unregister, fd))
             if self.timeline is not None and self.settings.timeline_mark_cycles:
                 self.timeline.mark_cycle()
             self._drain_queue()
@@ -236,13 +244,14 @@ class Engine:
             if self.coordinator is not None:
                 self._stall_check()
 
-    def _read_control(self, sel: selectors.BaseSelector, peer: int) -> None:
+    def _read_control(self, peer: int, forget: Callable[[], None]) -> None:
+        """Handle one message from ``peer``; ``forget`` stops watching its connection."""
         pair = self._ctrl[peer]
         try:
             msg = decode(pair.recv_msg())
         except TransportError:
             if self._closing or (self._bye_sent and peer == 0):
-                sel.unregister(pair.fileno())
+                forget()
                 self._gone.add(peer)
                 if peer == 0:
                     self._closing = True

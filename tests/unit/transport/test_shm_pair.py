@@ -80,6 +80,13 @@ def _exchange(rank: int, single_copy: bool) -> dict[str, Any]:
         work.wait()
         ok = ok and bool(np.array_equal(np.concatenate(acc), theirs + 1))
         out["ok"].append((f"parts {count}", ok))
+    many = [np.full(3, i % 250 + rank, np.uint8) for i in range(1500)]  # more than IOV_MAX
+    into = [np.empty(4500, np.uint8)]
+    work = pair.isend_parts([memoryview(p) for p in many])
+    pair.recv_parts_into([memoryview(p) for p in into])
+    work.wait()
+    want = np.repeat(np.arange(1500) % 250 + 1 - rank, 3).astype(np.uint8)
+    out["ok"].append(("1500 parts inline", bool(np.array_equal(into[0], want))))
     pair.send_msg(b"message from %d" % rank)  # messages and data frames keep their order
     pair.send(b"x" * 10)
     out["msg"] = pair.recv_msg()

@@ -64,6 +64,7 @@ REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays i
 MAX_SPANS = 1 << 16  # parts of one gathered frame, at most
 WRITE_BACK = 1  # in the slot byte of a single-copy frame: reduce it, then write the result back
 _ACK = b"\x06"
+_MAX_IOV = 512  # pieces of one sendmsg, at most (the kernel's IOV_MAX is 1024)
 _DONE = Completion(done=True)  # shared by every isend that completed at once
 
 Reduce = Callable[[np.ndarray, np.ndarray], None]
@@ -104,6 +105,13 @@ def _fold(fold: Fold, offsets: list[int], start: int, incoming: np.ndarray) -> N
         per = arr.itemsize
         reduce(arr[off // per : (off + n) // per], incoming[at : at + n].view(arr.dtype))
         at += n
+
+
+def _inline(total: int, views: list[memoryview]) -> list[bytes | memoryview]:
+    """An inline frame as the pieces of one ``sendmsg``: the header, then the payload (joined
+    into one piece when it has more parts than a system call takes)."""
+    head = HEADER.pack(EAGER, 0, total, total, 0)
+    return [head, *views] if len(views) < _MAX_IOV else [head, b"".join(views)]
 
 
 def as_bytes(arr: np.ndarray) -> memoryview:
@@ -167,7 +175,7 @@ class ShmPair:
         if self._closed or not self._sender.idle():
             return self._sender.submit(partial(self._send_blocking, views))
         if total <= EAGER_LIMIT:
-            return self._write_soon([HEADER.pack(EAGER, 0, total, total, 0), *views])
+            return self._write_soon(_inline(total, views))
         if self._out.single_copy:
             try:
                 acked, head = self._announce(views)
@@ -214,7 +222,7 @@ class ShmPair:
         """Send one data frame on this thread; return when the sender's buffers are free."""
         total = sum(v.nbytes for v in views)
         if total <= EAGER_LIMIT:
-            self._write([HEADER.pack(EAGER, 0, total, total, 0), *views])
+            self._write(_inline(total, views))
         elif self._out.single_copy:
             acked, head = self._announce(views)
             self._write(head)
@@ -254,6 +262,8 @@ class ShmPair:
         if self._closed:
             raise self._closed_error()
         try:
+            if not skip:  # one system call for a whole small frame (one wake-up of the peer)
+                skip = self._out.sock.sendmsg(parts)
             for part in parts:
                 part = memoryview(part).cast("B")
                 if skip >= part.nbytes:
