@@ -177,13 +177,17 @@ class ShmPair:
         if total <= EAGER_LIMIT:
             return self._write_soon(_inline(total, views))
         if self._out.single_copy:
-            try:
-                acked, head = self._announce(views)
-            except TransportError as e:
-                return Completion(e)
-            written = self._write_soon(head, then=acked.wait)
-            return acked if written.done() else written
+            return self._pulled(views)
         return self._sender.submit(partial(self._send_blocking, views))
+
+    def _pulled(self, views: list[memoryview], flags: int = 0) -> Completion:
+        """Announce a single-copy frame; its Work is done at the peer's acknowledgement."""
+        try:
+            acked, head = self._announce(views, flags)
+        except TransportError as e:
+            return Completion(e)
+        written = self._write_soon(head, then=acked.wait)
+        return acked if written.done() else written
 
     def isend_reduce(self, bufs: Sequence[Buffer]) -> tuple[Completion, bool]:
         """Send ``bufs`` (as :meth:`isend_parts`) for the peer to reduce into its own block.
@@ -204,12 +208,7 @@ class ShmPair:
             or any(v.readonly for v in views)
         ):
             return self.isend_parts(views), False
-        try:
-            acked, head = self._announce(views, WRITE_BACK)
-        except TransportError as e:
-            return Completion(e), True
-        written = self._write_soon(head, then=acked.wait)
-        return (acked if written.done() else written), True
+        return self._pulled(views, WRITE_BACK), True
 
     def send_msg(self, payload: bytes) -> None:
         view = byte_view(payload)
