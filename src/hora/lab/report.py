@@ -181,19 +181,23 @@ def engine_cost_table(rows: Sequence[Row]) -> str:
             ]
         )
 
-    for backend, case, size in sorted(by_key, key=lambda k: (k[0], k[1] == "resnet50", k[2])):
+    order = {"api": 0, "resnet50": 1, "resnet50 grouped": 2}
+    for backend, case, size in sorted(
+        (k for k in by_key if k[1] in order), key=lambda k: (k[0], order[k[1]], k[2])
+    ):
         a = by_key[(backend, case, size)]
         if case == "api" and (backend, "direct", size) in by_key:
             b = by_key[(backend, "direct", size)]
             add(backend, f"allreduce {human_size(size)}", a, b, "API", "backend direct")
-        elif case == "resnet50" and (backend, "one buffer", size) in by_key:
+        elif case.startswith("resnet50") and (backend, "one buffer", size) in by_key:
             b = by_key[(backend, "one buffer", size)]
+            how = " grouped" if case.endswith("grouped") else ""
             add(
                 backend,
                 f"ResNet-50 {human_size(size)}",
                 a,
                 b,
-                f"{a['tensors']} tensors",
+                f"{a['tensors']} tensors{how}",
                 "one buffer",
             )
     headers = ["backend", "case", "A", "B", "A p50 ms", "B p50 ms", "A/B"]

@@ -12,7 +12,8 @@ With ``engine_cost`` the hora worker also times, alternating call by call so tha
 see the same machine: (a) the API against the native backend's ``allreduce`` called directly
 on the engine's own process-set communicator (the engine is idle in between, so the data
 channel is free), and (b) ResNet-50's gradients as one async allreduce per tensor, submitted
-in backward order and then synchronized, against one buffer of the same total size.
+in backward order and then synchronized, and as one grouped allreduce of the same tensors,
+against one buffer of the same total size (the three take turns).
 
 Single-threaded script; nothing here is imported by the rest of hora.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -66,24 +67,21 @@ def time_batch(call: Call, iters: int, warmup: int, barrier: Call) -> list[float
     return times
 
 
-def time_pair(
-    first: Call, second: Call, iters: int, warmup: int, barrier: Call
-) -> tuple[list[float], list[float]]:
-    """Like :func:`time_batch` for two calls, alternating them so both see the same noise."""
+def time_alternating(
+    calls: Sequence[Call], iters: int, warmup: int, barrier: Call
+) -> list[list[float]]:
+    """Like :func:`time_batch` for several calls, taking turns so that all see the same noise."""
     for _ in range(warmup):
-        first()
-        second()
+        for call in calls:
+            call()
     barrier()
-    a, b = [], []
+    times: list[list[float]] = [[] for _ in calls]
     for _ in range(iters):
-        t0 = time.perf_counter()
-        first()
-        t1 = time.perf_counter()
-        second()
-        t2 = time.perf_counter()
-        a.append(t1 - t0)
-        b.append(t2 - t1)
-    return a, b
+        for call, out in zip(calls, times):
+            t0 = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - t0)
+    return times
 
 
 def stats(times: list[float]) -> dict[str, float]:
@@ -173,9 +171,11 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
         if nbytes < plan["engine_cost_min_bytes"]:
             continue
         x = np.zeros(nbytes // 4, dtype=np.float32)
-        api, direct = time_pair(
-            partial(hvd.allreduce, x, op=hvd.Sum, output=x, name=f"bench.{nbytes}"),
-            partial(backend.allreduce, comm, x, "float32", SUM),
+        api, direct = time_alternating(
+            [
+                partial(hvd.allreduce, x, op=hvd.Sum, output=x, name=f"bench.{nbytes}"),
+                partial(backend.allreduce, comm, x, "float32", SUM),
+            ],
             iters,
             warmup,
             hvd.barrier,
@@ -197,14 +197,20 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
             hvd.synchronize(h)
 
     iters, warmup = plan["resnet_iters"], plan["resnet_warmup"]
-    many_t, one_t = time_pair(
-        many,
-        lambda: hvd.allreduce(one, op=hvd.Sum, output=one, name="resnet50.fused"),
+    many_t, grouped_t, one_t = time_alternating(
+        [
+            many,
+            # the same tensors handed over at once: what remains of the gap to one buffer is
+            # negotiating and reducing 161 tensors, not submitting and completing 161 handles
+            partial(hvd.grouped_allreduce, grads, op=hvd.Sum, outputs=grads, name="resnet50.g"),
+            partial(hvd.allreduce, one, op=hvd.Sum, output=one, name="resnet50.fused"),
+        ],
         iters,
         warmup,
         hvd.barrier,
     )
     sink.put("resnet50", total * 4, len(grads), warmup, many_t)
+    sink.put("resnet50 grouped", total * 4, len(grads), warmup, grouped_t)
     sink.put("one buffer", total * 4, 1, warmup, one_t)
 
 

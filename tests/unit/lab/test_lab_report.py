@@ -112,6 +112,7 @@ def test_engine_cost_table() -> None:
             _row("hora", 1 << 20, 1.1e-3, case="api"),
             _row("hora", 1 << 20, 1.0e-3, case="direct"),
             _row("hora", 102228128, 0.12, case="resnet50", tensors=161),
+            _row("hora", 102228128, 0.11, case="resnet50 grouped", tensors=161),
             _row("hora", 102228128, 0.10, case="one buffer"),
             _row("hora-tcp", 1 << 20, 1.5e-3, case="api"),
             _row("hora-tcp", 1 << 20, 1.2e-3, case="direct"),
@@ -134,9 +135,11 @@ def test_engine_cost_table() -> None:
         "1.100",
     ]
     assert cells[1][:3] == ["hora", "ResNet-50", "97.49"] and cells[1][-1] == "1.200"
-    assert "161 tensors" in lines[3]
-    assert cells[2][0] == "hora-tcp" and cells[2][-1] == "1.250"
-    assert len(cells) == 3
+    assert "161 tensors" in lines[3] and "grouped" not in lines[3]
+    assert cells[2][:3] == ["hora", "ResNet-50", "97.49"] and cells[2][-1] == "1.100"
+    assert "161 tensors grouped" in lines[4]
+    assert cells[3][0] == "hora-tcp" and cells[3][-1] == "1.250"
+    assert len(cells) == 4
 
 
 def test_csv_round_trips() -> None:

@@ -93,3 +93,20 @@ def test_short_mpi_run() -> None:
     assert result.skipped == {}
     (row,) = result.rows
     assert (row["backend"], row["size_bytes"], row["iters"]) == ("mpi", 4096, 3)
+
+
+@pytest.mark.timeout(240)
+def test_engine_cost_run_measures_every_case(tmp_path: Path) -> None:
+    out_json = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "hora.lab", "allreduce", "--backends", "hora", "--sizes", "1M"]
+    cmd += ["--iters", "3", "--engine-cost", "--timeout", "180", "--json", str(out_json)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["case"]: r for r in json.loads(out_json.read_text())["rows"]}
+    cases = {"allreduce", "api", "direct", "resnet50", "resnet50 grouped", "one buffer"}
+    assert set(rows) == cases
+    assert rows["resnet50"]["tensors"] == rows["resnet50 grouped"]["tensors"] == 161
+    assert rows["one buffer"]["size_bytes"] == rows["resnet50"]["size_bytes"] == 25557032 * 4
+    table = proc.stdout[proc.stdout.index("engine cost") :].splitlines()
+    assert any(" API " in line and "backend direct" in line for line in table)
+    assert any("161 tensors grouped" in line and line.split()[-1][0].isdigit() for line in table)
