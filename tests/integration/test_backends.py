@@ -166,11 +166,12 @@ def test_gloo_peer_killed_inside_a_collective_fails_the_others() -> None:
         assert "has been shut down" in r.value["error"], r.value
 
 
-def _init_error(rank: int) -> str:
+def init_error(rank: int, comm: Any = None) -> str:
+    """``hvd.init(comm=comm)`` on one rank: the ValueError it raised, or "init succeeded"."""
     import hora as hvd
 
     try:
-        hvd.init()
+        hvd.init(comm=comm)
     except ValueError as e:
         return str(e)
     hvd.shutdown()
@@ -179,35 +180,24 @@ def _init_error(rank: int) -> str:
 
 @pytest.mark.timeout(60)
 def test_unknown_backend_name_is_a_clear_error() -> None:
-    (msg,) = run_ranks(_init_error, 1, timeout=30, env={"HOROVOD_CPU_OPERATIONS": "carrier"})
+    (msg,) = run_ranks(init_error, 1, timeout=30, env={"HOROVOD_CPU_OPERATIONS": "carrier"})
     assert "'carrier': unsupported backend" in msg and "gloo" in msg and "mpi" in msg
-
-
-def _init_comm_error(rank: int) -> str:
-    import hora as hvd
-
-    try:
-        hvd.init(comm=[0, 1])
-    except ValueError as e:
-        return str(e)
-    hvd.shutdown()
-    return "init succeeded"
 
 
 @pytest.mark.timeout(60)
 def test_init_comm_without_mpirun_is_a_clear_error() -> None:
-    for msg in run_ranks(_init_comm_error, 2, timeout=30):
+    for msg in run_ranks(init_error, 2, ([0, 1],), timeout=30):
         assert "init(comm=...) needs a job started by MPI" in msg, msg
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(_has_cuda(), reason="checks the error on machines without a GPU")
 def test_nccl_without_a_gpu_is_a_clear_error() -> None:
-    (msg,) = run_ranks(_init_error, 1, timeout=30, env={"HOROVOD_CPU_OPERATIONS": "nccl"})
+    (msg,) = run_ranks(init_error, 1, timeout=30, env={"HOROVOD_CPU_OPERATIONS": "nccl"})
     assert "NCCL backend needs an NVIDIA GPU" in msg, msg
     # Horovod's GPU selectors say nothing about CPU data: without a GPU the job runs natively
     for env in ({"HOROVOD_GPU_OPERATIONS": "nccl"}, {"HOROVOD_GPU_ALLREDUCE": "NCCL"}):
-        (msg,) = run_ranks(_init_error, 1, timeout=30, env=env)
+        (msg,) = run_ranks(init_error, 1, timeout=30, env=env)
         assert msg == "init succeeded", msg
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_backends import check_sets_and_flags
+from test_backends import check_sets_and_flags, init_error
 
 from conformance.battery import CHECKS
 from harness import spawn_ranks
@@ -161,20 +161,9 @@ def test_init_with_sub_communicators(tmp_path: Path, backend: str) -> None:
     assert {o["backend"] for o in out} == {backend}
 
 
-def _init_error(rank: int) -> str:
-    import hora as hvd
-
-    try:
-        hvd.init()
-    except ValueError as e:
-        return str(e)
-    hvd.shutdown()
-    return "init succeeded"
-
-
 @pytest.mark.timeout(90)
 def test_mpi_backend_without_mpirun_is_a_clear_error() -> None:
-    results = spawn_ranks(_init_error, 2, timeout=60, env=MPI)
+    results = spawn_ranks(init_error, 2, timeout=60, env=MPI)
     for r in results:
         assert r.ok, r.stderr
         assert "MPI backend needs the job started by MPI" in r.value, r.value
