@@ -107,8 +107,7 @@ def _submit(
                 raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=req.op.name.lower(), name=name))
         for k in keys:
             _pending[k] = 1
-    gather = _one_entry if len(requests) == 1 else _entries
-    entries = gather(keys, requests, arrays, outputs, handle, grouped)
+    entries = _entries(keys, requests, arrays, outputs, handle, grouped)
     _handles.add(handle)
     rt.engine.enqueue(ps_id, entries)
     return handle
@@ -122,28 +121,6 @@ def _release(key: Key) -> None:
         _pending.pop(key, None)
 
 
-def _one_entry(
-    keys: list[Key],
-    requests: list[Request],
-    arrays: list[np.ndarray | None],
-    outputs: list[np.ndarray | None],
-    handle: Handle,
-    grouped: bool,
-) -> list[TensorEntry]:
-    """The common case, one tensor: its entry completes the handle directly."""
-    key = keys[0]
-
-    def done(value: Any) -> None:
-        _release(key)
-        handle.set_result([value] if grouped else value)
-
-    def failed(error: BaseException) -> None:
-        _release(key)
-        handle.set_error(error)
-
-    return [TensorEntry(requests[0], arrays[0], outputs[0], done, failed)]
-
-
 def _entries(
     keys: list[Key],
     requests: list[Request],
@@ -152,7 +129,19 @@ def _entries(
     handle: Handle,
     grouped: bool,
 ) -> list[TensorEntry]:
-    """Several tensors: the handle completes when the last of their entries does."""
+    """One entry per tensor; the handle completes when the last of them does."""
+    if len(requests) == 1:  # the common case: the one entry completes the handle directly
+        key = keys[0]
+
+        def done(value: Any) -> None:
+            _release(key)
+            handle.set_result([value] if grouped else value)
+
+        def failed(error: BaseException) -> None:
+            _release(key)
+            handle.set_error(error)
+
+        return [TensorEntry(requests[0], arrays[0], outputs[0], done, failed)]
     results: list[Any] = [None] * len(requests)
     left = [len(requests)]
     errors: list[BaseException] = []
