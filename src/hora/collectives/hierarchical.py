@@ -193,24 +193,15 @@ def recv_reduce(pair: Pair, buf: np.ndarray, reduce: Reducer, scratch: np.ndarra
     reduce(buf, tmp)
 
 
-def _blocks(buf: np.ndarray, n: int) -> list[np.ndarray]:
-    bounds = offsets_of(split_even(buf.size, n))
-    return [buf[bounds[i] : bounds[i + 1]] for i in range(n)]
-
-
 def _reduce_scatter(
-    comm: Comm, blocks: list[np.ndarray], reduce: Reducer, scratch: np.ndarray | None
-) -> list[Work]:
-    """Direct reduce-scatter: block ``i`` of every rank is reduced into rank ``i``'s block."""
+    comm: Comm, blocks: list[list[np.ndarray]], reduce: Reducer, scratch: np.ndarray | None
+) -> list[Work | None]:
+    """Direct reduce-scatter of blocks cut by :func:`_cut`: block ``i`` of every rank is reduced
+    into rank ``i``'s block. Returns the sends, to be waited for (None for an empty block)."""
     n, me = comm.size, comm.rank
-    sends = [
-        comm.pair(j).isend(as_bytes(blocks[j]))
-        for j in ((me + k) % n for k in range(1, n))
-        if blocks[j].size
-    ]
-    if blocks[me].size:
-        for k in range(1, n):
-            recv_reduce(comm.pair((me - k) % n), blocks[me], reduce, scratch)
+    sends = [_isend(comm.pair(j), blocks[j]) for j in ((me + k) % n for k in range(1, n))]
+    for k in range(1, n):
+        _recv(comm.pair((me - k) % n), blocks[me], (reduce, scratch))
     return sends
 
 
@@ -232,9 +223,7 @@ def allreduce_direct(
     if n == 2 and hasattr(comm.pair(1 - me), "isend_reduce"):
         _allreduce_pair(comm.pair(1 - me), blocks[1 - me], blocks[me], reduce, scratch)
         return
-    sends = [_isend(comm.pair(j), blocks[j]) for j in ((me + k) % n for k in range(1, n))]
-    for k in range(1, n):
-        _recv(comm.pair((me - k) % n), blocks[me], (reduce, scratch))
+    sends = _reduce_scatter(comm, blocks, reduce, scratch)
     sends += [_isend(comm.pair((me + k) % n), blocks[me]) for k in range(1, n)]
     for k in range(1, n):
         j = (me - k) % n
@@ -345,16 +334,16 @@ def allreduce_hierarchical(
     reduce = reducer(op, dtype)
     local = SubComm(comm, layout.local)
     if local.size > 1:
-        blocks = _blocks(buf, local.size)
+        blocks = _cut([buf], local.size)
         sends = _reduce_scatter(local, blocks, reduce, scratch)
         if local.rank == 0:
             for j in range(1, local.size):
-                if blocks[j].size:
-                    local.pair(j).recv_into(as_bytes(blocks[j]))
-        elif blocks[local.rank].size:
-            sends.append(local.pair(0).isend(as_bytes(blocks[local.rank])))
+                _recv(local.pair(j), blocks[j], None)
+        else:
+            sends.append(_isend(local.pair(0), blocks[local.rank]))
         for work in sends:
-            work.wait()
+            if work is not None:
+                work.wait()
     if local.rank == 0:
         leaders = SubComm(comm, layout.leaders)
         registry.allreduce(leaders, buf, dtype, op, scratch=scratch)
