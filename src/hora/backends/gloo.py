@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -55,7 +57,20 @@ _BOOL_OPS: dict[int, Any] = {  # on 0/1 bytes: MAX is or, MIN is and
 }
 
 
-def _lower_loop_priority() -> None:
+_TASKS = "/proc/self/task"
+
+
+def _thread_names() -> dict[int, str]:
+    """Every thread of this process: its id and name (empty without /proc)."""
+    names = {}
+    for tid in os.listdir(_TASKS) if os.path.isdir(_TASKS) else []:
+        # OSError: a thread that ended meanwhile
+        with contextlib.suppress(OSError), open(f"{_TASKS}/{tid}/comm") as f:
+            names[int(tid)] = f.read().strip()
+    return names
+
+
+def _lower_loop_priority(before: set[int], wait: float = 1.0) -> None:
     """Give Gloo's TCP loop threads the lowest priority (nice 19).
 
     The loop thread polls its sockets busily while a collective is in flight. hora binds each
@@ -64,15 +79,25 @@ def _lower_loop_priority() -> None:
     At nice 19 the others run first and the loop still gets every idle cycle: at np 2 on 2
     cores a 4 KiB allreduce through hora went from about 2-3 ms to 0.5 ms, 64 MiB from 42 to
     26-30 ms. Linux only; elsewhere, or without /proc, nothing changes.
+
+    Gloo's threads name themselves once running, so a thread started by the group just made
+    may still carry its creator's name: the threads not in ``before`` are waited for (up to
+    ``wait`` seconds) until each has a name of its own.
     """
-    tasks = "/proc/self/task"
-    if not hasattr(os, "setpriority") or not os.path.isdir(tasks):
+    if not hasattr(os, "setpriority"):
         return
-    for tid in os.listdir(tasks):
-        # OSError: a thread that ended meanwhile
-        with contextlib.suppress(OSError), open(f"{tasks}/{tid}/comm") as f:
-            if f.read().strip() == "gloo_tcp_loop":
-                os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+    names = _thread_names()
+    inherited = names.get(threading.get_native_id())
+    deadline = time.monotonic() + wait
+    while any(names[t] == inherited for t in names.keys() - before) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.001)
+        names = _thread_names()
+    for tid, name in names.items():
+        if name == "gloo_tcp_loop":
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.setpriority(os.PRIO_PROCESS, tid, 19)
 
 
 class StoreAdapter(dist.Store):
@@ -134,12 +159,13 @@ class GlooBackend:
         log.debug("%s group for process set %d (ranks %s) ready", self.name, ps_id, ranks)
 
     def _make_group(self, store: Any, rank: int, size: int) -> Any:
+        before = set(_thread_names())  # the device starts the loop thread, the group others
         # the options torch.distributed itself builds (the only way to name the device)
         opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self._host)]
         opts._timeout = self._timeout
         group = dist.ProcessGroupGloo(store, rank, size, opts)
-        _lower_loop_priority()
+        _lower_loop_priority(before)
         return group
 
     def remove_process_set(self, ps_id: int, ranks: list[int]) -> None:

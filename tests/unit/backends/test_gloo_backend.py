@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -156,3 +157,31 @@ def test_world_of_one_needs_no_store() -> None:
     assert x.tolist() == [0, 1, 2, 3] and y.tolist() == [0.0, 1.0, 2.0, 3.0]
     backend.barrier(comm)
     backend.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_loop_threads_are_lowered_as_soon_as_each_group_exists() -> None:
+    # Gloo's threads name themselves only once running; right after a group is made, some
+    # may still carry the creator's name, which a single look at the thread names would miss.
+    def loops() -> dict[int, int]:
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().strip() == "gloo_tcp_loop":
+                        out[int(tid)] = os.getpriority(os.PRIO_PROCESS, int(tid))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return out
+
+    earlier = set(loops())
+    backend = GlooBackend(BackendContext(0, 1, 0, 1, 0, 1, load({})))
+    try:
+        for ps_id in range(8):
+            backend.add_process_set(ps_id, [0])
+        time.sleep(0.2)  # every thread has named itself by now: a missed one shows at nice 0
+        new = {t: n for t, n in loops().items() if t not in earlier}
+        assert new and all(n == 19 for n in new.values()), new
+    finally:
+        backend.close()
