@@ -34,6 +34,7 @@ from hora.rendezvous.protocol import (
     recv_frame,
     send_frame,
 )
+from hora.transport.endpoint import accept_loop
 from hora.transport.tcp.auth import accept_handshake
 from hora.transport.tcp.wire import configure, hard_close
 
@@ -97,22 +98,14 @@ class RendezvousServer:
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
-        while True:
-            try:
-                conn, addr = self._listener.accept()
-            except OSError as e:
-                if self._stopped:
-                    return
-                log.warning("rendezvous store: accept failed: %s", e)
-                continue
-            with self._lock:
-                if self._stopped:
-                    conn.close()
-                    return
-                self._clients.add(conn)
-            threading.Thread(
-                target=self._serve, args=(conn, addr), name="hora-store-client", daemon=True
-            ).start()
+        accept_loop(
+            self._listener,
+            self._lock,
+            lambda: self._stopped,
+            self._clients,
+            self._serve,
+            "rendezvous store",
+        )
 
     def _serve(self, conn: socket.socket, addr: tuple[str, int]) -> None:
         peer = f"{addr[0]}:{addr[1]}"

@@ -10,9 +10,8 @@ direction, the sender shows the receiver a probe buffer: if the receiver can rea
 that direction are copied once, straight from the sender's memory; otherwise the sender makes
 a staging area and passes its descriptor over the socket. The decision is logged at debug level.
 
-Threads: one daemon thread accepts connections and hands each to a short-lived daemon thread
-that runs the handshake and the probe, so the connecting rank never waits for the accepting
-rank to ask for the pair. ``pair`` and ``close`` are thread-safe.
+The listener, its admission threads (the handshake, then the probe) and the lazy pair table
+come from :class:`~hora.transport.endpoint.Endpoint`. ``pair`` and ``close`` are thread-safe.
 """
 
 from __future__ import annotations
@@ -24,22 +23,20 @@ import os
 import socket
 import struct
 import sys
-import threading
 import time
 
 from hora.errors import AuthenticationError, TransportError
 from hora.transport.base import DATA
+from hora.transport.endpoint import Endpoint
 from hora.transport.shm import cma
 from hora.transport.shm.pair import Link, ShmPair
 from hora.transport.shm.staging import Staging
 from hora.transport.shm.staging import available as staging_available
-from hora.transport.tcp.auth import accept_handshake, connect_handshake
-from hora.transport.tcp.wire import hard_close, recv_exact
+from hora.transport.tcp.auth import connect_handshake
+from hora.transport.tcp.wire import recv_exact
 
 log = logging.getLogger(__name__)
 
-_CONTEXT_TAG = b"hora-shm/1\0"
-_CONTEXT = struct.Struct("!iiB")  # connecting rank, accepting rank, direction; then the prefix
 _PROBE = struct.Struct("=Q16s")  # address of the probe bytes, and the bytes themselves
 _SINGLE_COPY, _STAGED = b"C", b"S"
 _TOWARD_ACCEPTOR, _TOWARD_CONNECTOR = 0, 1
@@ -57,8 +54,12 @@ def socket_name(secret: bytes, prefix: str, rank: int) -> str:
     return f"\0hora-shm-{tag}-{rank}"
 
 
-class ShmTransport:
+class ShmTransport(Endpoint):
     """The shared-memory Pairs of rank ``rank``; peers must be on the same host."""
+
+    TAG = b"hora-shm/1\0"
+    KINDS = (_TOWARD_ACCEPTOR, _TOWARD_CONNECTOR)
+    WHAT = "shared-memory"
 
     def __init__(
         self,
@@ -69,70 +70,36 @@ class ShmTransport:
         connect_timeout: float = 30.0,
         single_copy: bool = True,
     ) -> None:
-        if not 0 <= rank < size:
-            raise ValueError(f"rank {rank} is outside [0, size={size})")
-        if not secret:
-            raise ValueError("the job secret must be a non-empty bytes value")
+        super().__init__(rank, size, secret, prefix, connect_timeout)
         if not available():
             raise RuntimeError("the shared-memory transport needs Linux (memfd, abstract sockets)")
-        self.rank = rank
-        self.size = size
-        self._secret = bytes(secret)
-        self._prefix = prefix
-        self._timeout = connect_timeout
         self._single_copy = single_copy and cma.supported()
-        self._lock = threading.Condition()
-        self._pairs: dict[int, ShmPair] = {}
-        self._arrived: dict[tuple[int, int], Link] = {}
-        self._pending: set[socket.socket] = set()
-        self._connecting: dict[int, threading.Lock] = {}
-        self._closed = False
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._listener.bind(socket_name(secret, prefix, rank))
-            self._listener.listen(128)
+            listener.bind(socket_name(secret, prefix, rank))
+            listener.listen(128)
         except OSError as e:
-            self._listener.close()
+            listener.close()
             raise TransportError(f"rank {rank} could not listen for shared memory: {e}") from e
-        name = f"hora-shm-accept-{rank}"
-        threading.Thread(target=self._accept_loop, name=name, daemon=True).start()
-
-    def _context(self, src: int, dst: int, direction: int) -> bytes:
-        return _CONTEXT_TAG + _CONTEXT.pack(src, dst, direction) + self._prefix.encode()
+        self._listen(listener, f"hora-shm-accept-{rank}")
 
     # -- pairs -------------------------------------------------------------------------------
 
     def pair(self, peer: int, channel: int = DATA) -> ShmPair:
         """The shared-memory DATA Pair to ``peer``, connecting on the first call."""
-        if not 0 <= peer < self.size or peer == self.rank:
-            raise ValueError(f"peer must be another rank in [0, {self.size}), got {peer}")
+        self._check_peer(peer)
         if channel != DATA:
             raise ValueError(f"shared memory carries the DATA channel ({DATA}) only, not {channel}")
-        with self._lock:
-            self._check_open()
-            found = self._pairs.get(peer)
-            if found is not None:
-                return found
-            connecting = self._connecting.setdefault(peer, threading.Lock())
-        with connecting:
-            with self._lock:
-                found = self._pairs.get(peer)
-                if found is not None:
-                    return found
+
+        def make() -> ShmPair:
             made = self._connect(peer) if self.rank > peer else self._wait_for(peer)
-            with self._lock:
-                closed = self._closed
-                if not closed:
-                    self._pairs[peer] = made
-            if closed:
-                made.close()
-                self._check_open()
             log.debug("rank %d: %r", self.rank, made)
             return made
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransportError(f"the shared-memory transport of rank {self.rank} is closed")
+        return self._lazy(peer, make)  # type: ignore[no-any-return]
+
+    def _pair_key(self, arrived: tuple[int, int]) -> int:
+        return arrived[0]
 
     def _connect(self, peer: int) -> ShmPair:
         deadline = time.monotonic() + self._timeout
@@ -171,18 +138,13 @@ class ShmTransport:
                 delay = min(delay * 2, 0.25)
 
     def _wait_for(self, peer: int) -> ShmPair:
-        keys = [(peer, _TOWARD_ACCEPTOR), (peer, _TOWARD_CONNECTOR)]
-        with self._lock:
-            ready = self._lock.wait_for(
-                lambda: all(k in self._arrived for k in keys) or self._closed, self._timeout
+        arrived = self._take([(peer, _TOWARD_ACCEPTOR), (peer, _TOWARD_CONNECTOR)])
+        if arrived is None:
+            raise TransportError(
+                f"rank {peer} did not connect to rank {self.rank} over shared memory within "
+                f"{self._timeout:g}s; check that rank {peer} is running"
             )
-            self._check_open()
-            if not ready:
-                raise TransportError(
-                    f"rank {peer} did not connect to rank {self.rank} over shared memory within "
-                    f"{self._timeout:g}s; check that rank {peer} is running"
-                )
-            inn, out = (self._arrived.pop(k) for k in keys)
+        inn, out = arrived
         return ShmPair(peer, out, inn)
 
     def _setup(self, sock: socket.socket, sending: bool) -> Link:
@@ -209,76 +171,8 @@ class ShmTransport:
         sock.settimeout(None)
         return link
 
-    # -- listener (accept thread and admission threads) -------------------------------------
+    def _adopt(self, conn: socket.socket, kind: int) -> Link:
+        return self._setup(conn, sending=kind == _TOWARD_CONNECTOR)
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError as e:
-                if self._closed:
-                    return
-                log.warning("rank %d: shared-memory accept failed: %s", self.rank, e)
-                time.sleep(0.1)
-                continue
-            with self._lock:
-                if self._closed:
-                    conn.close()
-                    return
-                self._pending.add(conn)
-            threading.Thread(target=self._admit, args=(conn,), daemon=True).start()
-
-    def _parse_context(self, context: bytes) -> tuple[int, int]:
-        head = len(_CONTEXT_TAG) + _CONTEXT.size
-        if not context.startswith(_CONTEXT_TAG) or len(context) < head:
-            raise ValueError("not a hora shared-memory connection")
-        src, dst, direction = _CONTEXT.unpack(context[len(_CONTEXT_TAG) : head])
-        if context[head:] != self._prefix.encode():
-            raise ValueError(f"connection for another job generation {context[head:]!r}")
-        valid = direction in (_TOWARD_ACCEPTOR, _TOWARD_CONNECTOR)
-        if dst != self.rank or not self.rank < src < self.size or not valid:
-            raise ValueError(f"rank {src} -> rank {dst} direction {direction} is not expected")
-        return src, direction
-
-    def _admit(self, conn: socket.socket) -> None:
-        try:
-            key = accept_handshake(conn, self._secret, self._parse_context)
-            link = self._setup(conn, sending=key[1] == _TOWARD_CONNECTOR)
-        except (AuthenticationError, OSError, EOFError) as e:
-            if not self._closed:
-                log.warning("rank %d: dropped a shared-memory connection: %s", self.rank, e)
-            with self._lock:
-                self._pending.discard(conn)
-            conn.close()
-            return
-        with self._lock:
-            self._pending.discard(conn)
-            duplicate = key in self._arrived or key[0] in self._pairs
-            if not self._closed and not duplicate:
-                self._arrived[key] = link
-                self._lock.notify_all()
-                return
-        if duplicate:
-            log.warning("rank %d: dropped a second connection from rank %d", self.rank, key[0])
-        conn.close()
-
-    def close(self) -> None:
-        """Close every pair, pending connection and the listener. Idempotent, any thread."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            pairs = list(self._pairs.values())
-            socks = [link.sock for link in self._arrived.values()] + list(self._pending)
-            self._arrived.clear()
-            self._lock.notify_all()
-        for sock in [self._listener, *socks]:
-            hard_close(sock)
-        for pair in pairs:
-            pair.close()
-
-    def __enter__(self) -> ShmTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _socket_of(self, adopted: Link) -> socket.socket:
+        return adopted.sock

@@ -1,0 +1,219 @@
+"""What the TCP and shared-memory transports share: a listener and a table of lazy pairs.
+
+An :class:`Endpoint` listens on one socket. Its accept thread hands every connection to a
+short-lived daemon thread that runs hora's mutual HMAC handshake
+(:mod:`hora.transport.tcp.auth`) and the transport's own set-up, so a slow or hostile client
+never holds up the others and the connecting rank never waits for the accepting rank to ask for
+the pair. The handshake's context names the connecting rank, the accepting rank, a *kind* (the
+TCP channel, or the shared-memory direction) and the job's store prefix; only the higher rank
+connects to the lower one.
+
+``_lazy`` is the body of every transport's ``pair``: one connection attempt per key at a time,
+the finished pair kept, and a close during the attempt honoured. ``close`` is idempotent and
+safe from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hora.errors import AuthenticationError, TransportError
+from hora.transport.tcp.auth import accept_handshake
+from hora.transport.tcp.wire import hard_close
+
+log = logging.getLogger(__name__)
+
+_CONTEXT = struct.Struct("!iiB")  # connecting rank, accepting rank, kind; then the prefix
+
+
+def accept_loop(
+    listener: socket.socket,
+    lock: Any,
+    stopped: Callable[[], bool],
+    tracked: set[socket.socket],
+    handle: Callable[[socket.socket, Any], None],
+    what: str,
+) -> None:
+    """Accept connections on ``listener`` until ``stopped()``: each is added to ``tracked``
+    under ``lock`` (so a close can reach it) and handed to ``handle(conn, address)`` on a daemon
+    thread of its own. Runs on the listener's thread."""
+    while True:
+        try:
+            conn, addr = listener.accept()
+        except OSError as e:
+            if stopped():
+                return
+            log.warning("%s: accept failed: %s", what, e)
+            time.sleep(0.1)
+            continue
+        with lock:
+            if stopped():
+                conn.close()
+                return
+            tracked.add(conn)
+        threading.Thread(target=handle, args=(conn, addr), name="hora-admit", daemon=True).start()
+
+
+class Endpoint:
+    """The listener and pair table of rank ``rank``; subclasses set the class attributes and
+    :meth:`_adopt` (what an admitted connection becomes) and :meth:`_socket_of`."""
+
+    TAG = b""  # first bytes of every handshake context, naming the transport and its version
+    KINDS: tuple[int, ...] = ()  # the kinds a connection may announce
+    WHAT = ""  # the transport in log and error messages ("TCP", "shared-memory")
+
+    def __init__(self, rank: int, size: int, secret: bytes, prefix: str, timeout: float) -> None:
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} is outside [0, size={size})")
+        if not secret:
+            raise ValueError("the job secret must be a non-empty bytes value")
+        self.rank = rank
+        self.size = size
+        self._secret = bytes(secret)
+        self._prefix = prefix
+        self._timeout = timeout
+        self._lock = threading.Condition()
+        self._pairs: dict[Any, Any] = {}
+        self._arrived: dict[tuple[int, int], Any] = {}  # (peer, kind) -> what _adopt made
+        self._handshaking: set[socket.socket] = set()
+        self._connecting: dict[Any, threading.Lock] = {}
+        self._closed = False
+        self._listener: socket.socket | None = None
+
+    def _listen(self, listener: socket.socket, thread_name: str) -> None:
+        self._listener = listener
+        threading.Thread(target=self._accept_loop, name=thread_name, daemon=True).start()
+
+    def _context(self, src: int, dst: int, kind: int) -> bytes:
+        return self.TAG + _CONTEXT.pack(src, dst, kind) + self._prefix.encode()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"the {self.WHAT} transport of rank {self.rank} is closed")
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(f"peer must be another rank in [0, {self.size}), got {peer}")
+
+    # -- the pair table ---------------------------------------------------------------------
+    def _lazy(self, key: Any, make: Callable[[], Any]) -> Any:
+        """The pair under ``key``, made by ``make()`` on the first call (one attempt at once)."""
+        with self._lock:
+            self._check_open()
+            found = self._pairs.get(key)
+            if found is not None:
+                return found
+            connecting = self._connecting.setdefault(key, threading.Lock())
+        with connecting:
+            with self._lock:
+                found = self._pairs.get(key)
+                if found is not None:
+                    return found
+            made = make()
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._pairs[key] = made
+            if closed:
+                made.close()
+                self._check_open()
+            return made
+
+    def _pair_key(self, arrived: tuple[int, int]) -> Any:
+        """The pair-table key a connection of ``(peer, kind)`` belongs to."""
+        return arrived
+
+    def _take(self, keys: list[tuple[int, int]]) -> list[Any] | None:
+        """The admitted connections under ``keys`` once all have arrived (removed from the
+        table), or None after the connect timeout. Raises if the transport closes meanwhile."""
+        with self._lock:
+            ready = self._lock.wait_for(
+                lambda: all(k in self._arrived for k in keys) or self._closed, self._timeout
+            )
+            self._check_open()
+            return [self._arrived.pop(k) for k in keys] if ready else None
+
+    # -- the listener -----------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        accept_loop(
+            self._listener,
+            self._lock,
+            lambda: self._closed,
+            self._handshaking,
+            self._admit,
+            f"{self.WHAT} transport of rank {self.rank}",
+        )
+
+    def _parse_context(self, context: bytes) -> tuple[int, int]:
+        head = len(self.TAG) + _CONTEXT.size
+        if not context.startswith(self.TAG) or len(context) < head:
+            raise ValueError(f"not a hora {self.WHAT} connection")
+        src, dst, kind = _CONTEXT.unpack(context[len(self.TAG) : head])
+        if context[head:] != self._prefix.encode():
+            raise ValueError(f"connection for another job generation {context[head:]!r}")
+        if dst != self.rank or not self.rank < src < self.size or kind not in self.KINDS:
+            raise ValueError(f"rank {src} -> rank {dst} kind {kind} is not expected here")
+        return src, kind
+
+    def _adopt(self, conn: socket.socket, kind: int) -> Any:
+        """What an authenticated connection of ``kind`` becomes (kept until a pair takes it)."""
+        raise NotImplementedError
+
+    def _socket_of(self, adopted: Any) -> socket.socket:
+        return adopted  # type: ignore[no-any-return]
+
+    def _admit(self, conn: socket.socket, addr: Any) -> None:
+        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "this host"
+        try:
+            key = accept_handshake(conn, self._secret, self._parse_context)
+            adopted = self._adopt(conn, key[1])
+        except (AuthenticationError, OSError, EOFError) as e:
+            if not self._closed:
+                log.warning(
+                    "rank %d: dropped a %s connection from %s: %s", self.rank, self.WHAT, where, e
+                )
+            with self._lock:
+                self._handshaking.discard(conn)
+            conn.close()
+            return
+        with self._lock:
+            self._handshaking.discard(conn)
+            duplicate = key in self._arrived or self._pair_key(key) in self._pairs
+            if not self._closed and not duplicate:
+                self._arrived[key] = adopted
+                self._lock.notify_all()
+                return
+        if duplicate:
+            log.warning("rank %d: dropped a second connection from rank %d", self.rank, key[0])
+        conn.close()
+
+    def close(self) -> None:
+        """Close every pair, pending connection and the listener. Idempotent, any thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pairs = list(self._pairs.values())
+            socks = [self._socket_of(a) for a in self._arrived.values()]
+            socks += list(self._handshaking)
+            self._arrived.clear()
+            self._lock.notify_all()
+        if self._listener is not None:
+            socks.insert(0, self._listener)
+        for sock in socks:
+            hard_close(sock)
+        for pair in pairs:
+            pair.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
