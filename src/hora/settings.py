@@ -274,6 +274,16 @@ KNOBS: tuple[Knob, ...] = (
         "elastic", bool, False, "ELASTIC", "Set by the launcher for elastic jobs.", None, None, None
     ),
     Knob(
+        "elastic_timeout",
+        float,
+        600.0,
+        "ELASTIC_TIMEOUT",
+        "Elastic: seconds to wait for the job to be re-formed after a failure or a host change.",
+        None,
+        None,
+        None,
+    ),
+    Knob(
         "gloo_timeout_seconds",
         float,
         30.0,
@@ -373,6 +383,7 @@ class Settings:
     gpu_operations: str = ""
     dynamic_process_sets: bool = False
     elastic: bool = False
+    elastic_timeout: float = 600.0
     gloo_timeout_seconds: float = 30.0
     gloo_iface: str = ""
     shm_disable: bool = False

@@ -21,6 +21,7 @@ from hora.backends.registry import BackendContext
 from hora.core.engine import Engine
 from hora.core.identity import Identity, detect
 from hora.core.process_sets import ProcessSet, global_process_set
+from hora.elastic.rendezvous import is_elastic_worker, join
 from hora.errors import NOT_INITIALIZED_MESSAGE
 from hora.settings import Settings, env_lookup, load
 
@@ -28,7 +29,7 @@ log = logging.getLogger("hora")
 
 
 class Runtime:
-    def __init__(self, identity: Identity, settings: Settings, generation: int,
+    def __init__(self, identity: Identity, settings: Settings, generation: int | str,
                  mpi_job: Any = None) -> None:
         self.identity = identity
         self.settings = settings
@@ -54,7 +55,7 @@ class Runtime:
         self.dynamic_counter = 0
         self.auto_names: dict[tuple[int, str], int] = {}  # (set, op) -> unnamed ops so far
 
-    def _connect(self, ident: Identity, settings: Settings, generation: int) -> Any:
+    def _connect(self, ident: Identity, settings: Settings, generation: int | str) -> Any:
         from hora.rendezvous.client import StoreClient
         from hora.transport.tcp import TcpTransport
 
@@ -96,12 +97,13 @@ def _make_timeline(path: str, mark_cycles: bool) -> Any:
 _lock = threading.RLock()
 _runtime: Runtime | None = None
 _generation = 0
+_elastic_round = -1  # the last elastic round this process joined
 _atexit_registered = False
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start hora on this process. Idempotent while initialized."""
-    global _runtime, _generation, _atexit_registered
+    global _runtime, _generation, _atexit_registered, _elastic_round
     with _lock:
         if _runtime is not None and _runtime.engine.running:
             return
@@ -112,11 +114,17 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             settings = settings.replace(dynamic_process_sets=True)
             os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
             process_sets = None
+        generation: int | str = _generation
+        if settings.elastic and is_elastic_worker(os.environ):
+            # the launcher assigns the rank; each round has its own connections
+            identity, _elastic_round = join(os.environ, _elastic_round, settings.elastic_timeout)
+            generation, mpi_job = f"e{_elastic_round}", None
+        else:
+            identity, mpi_job = _mpi_world(comm, detect(), settings)
         _configure_logging(settings)
-        identity, mpi_job = _mpi_world(comm, detect(), settings)
         _bind_cpus(identity, settings.cpu_bind)
         try:
-            _runtime = Runtime(identity, settings, _generation, mpi_job)
+            _runtime = Runtime(identity, settings, generation, mpi_job)
         except Exception as e:
             if mpi_job is not None and mpi_job.server is not None:
                 mpi_job.server.stop()

@@ -19,6 +19,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 from hora.errors import LaunchError
 from hora.launch.config import LaunchConfig, knob_from_flag, read_config_file, resolve_settings
@@ -42,13 +43,7 @@ UNSUPPORTED: dict[str, str] = {
     "--binding-args": "not supported yet; ignored",
     "--num-nccl-streams": "not supported yet; ignored",
     "--jsrun": "not supported yet; running with hora's own launcher instead",
-    "--min-np": "elastic training is not supported yet; running a static job",
-    "--max-np": "elastic training is not supported yet; running a static job",
-    "--slots-per-host": "elastic training is not supported yet; ignored",
-    "--elastic-timeout": "elastic training is not supported yet; ignored",
-    "--reset-limit": "elastic training is not supported yet; ignored",
-    "--blacklist-cooldown-range": "elastic training is not supported yet; ignored",
-    "--host-discovery-script": "elastic training is not supported yet; use -H or --hostfile",
+    "--blacklist-cooldown-range": "a failed worker's slot is never used again in the job; ignored",
 }
 
 _SECTION_TITLES = {
@@ -118,7 +113,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "-H", "--hosts", help="host:slots pairs, comma-separated (default localhost:<np>)"
     )
     hx.add_argument("-hostfile", "--hostfile", help="file with one 'host slots=N' per line")
-    hx.add_argument("--host-discovery-script", help=argparse.SUPPRESS)
+    hx.add_argument(
+        "--host-discovery-script",
+        help="elastic: a program printing the current hosts, one 'host' or 'host:slots' per "
+        "line; run every second, workers start on new slots and stop on hosts that went away",
+    )
 
     s = _group(parser, "ssh", "hora run -np 2 -H a:1,b:1 -p 2222 -i ~/.ssh/id_ed25519 python t.py")
     s.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
@@ -175,14 +174,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
             kind = float if knob.field == "fusion_threshold" else knob.type
             g.add_argument(knob.flag, dest=knob.field, type=kind, help=knob.doc)
 
-    e = _group(parser, "elastic (not supported yet)", "hora run -np 2 --min-np 1 ... (not yet)")
-    e.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, help=argparse.SUPPRESS)
-    e.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, help=argparse.SUPPRESS)
-    e.add_argument(
-        "--slots-per-host", "--slots", dest="slots_per_host", type=int, help=argparse.SUPPRESS
+    e = _group(
+        parser,
+        "elastic (workers may fail, leave or join; the training script uses hvd.elastic.run)",
+        "hora run -np 3 --min-np 2 --max-np 4 -H localhost:4 python train_elastic.py",
     )
-    e.add_argument("--elastic-timeout", type=float, help=argparse.SUPPRESS)
-    e.add_argument("--reset-limit", type=int, help=argparse.SUPPRESS)
+    e.add_argument(
+        "--min-np",
+        "--min-num-proc",
+        dest="min_np",
+        type=int,
+        help="elastic: go on as long as this many workers run (default: -np)",
+    )
+    e.add_argument(
+        "--max-np",
+        "--max-num-proc",
+        dest="max_np",
+        type=int,
+        help="elastic: never run more workers than this (default: as many as there are slots)",
+    )
+    e.add_argument(
+        "--slots-per-host",
+        "--slots",
+        dest="slots_per_host",
+        type=int,
+        help="elastic: slots of a discovered host printed without ':slots'",
+    )
+    e.add_argument(
+        "--elastic-timeout",
+        type=float,
+        help="elastic: seconds to wait for the job to re-form after a failure or a host change "
+        "(default 600)",
+    )
+    e.add_argument(
+        "--reset-limit", type=int, help="elastic: end the job after this many re-formations"
+    )
     e.add_argument("--blacklist-cooldown-range", nargs=2, type=int, help=argparse.SUPPRESS)
 
     parser.add_argument(
@@ -249,6 +275,23 @@ def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) ->
     )
 
 
+def elastic_options(args: argparse.Namespace, config: LaunchConfig) -> Any:
+    """The elastic options when any elastic flag was given (else None: a static job)."""
+    if args.min_np is None and args.max_np is None and not args.host_discovery_script:
+        return None
+    from hora.elastic.driver import ElasticOptions
+
+    timeout = args.elastic_timeout
+    return ElasticOptions(
+        min_np=config.np if args.min_np is None else args.min_np,
+        max_np=args.max_np,
+        host_discovery_script=args.host_discovery_script,
+        slots_per_host=args.slots_per_host,
+        elastic_timeout=config.settings.elastic_timeout if timeout is None else timeout,
+        reset_limit=args.reset_limit,
+    )
+
+
 class _Terminated(Exception):
     """SIGTERM reached the launcher."""
 
@@ -274,8 +317,14 @@ def command(args: argparse.Namespace) -> int:
 
     try:
         config = build_config(args)
+        elastic = elastic_options(args, config)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
+            if elastic is not None:
+                from hora.elastic.driver import ElasticJob
+
+                with ElasticJob(config, elastic) as job:
+                    return job.run()
             with Job(config) as job:
                 return job.run()
         finally:

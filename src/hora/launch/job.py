@@ -101,37 +101,39 @@ class Job:
         self, slot: SlotInfo, common: dict[str, str], stdout: ConsoleSink, stderr: ConsoleSink
     ) -> None:
         assert self._preflight is not None
-        cfg = self.config
         env = rank_env(common, slot, self._preflight.launcher_address[slot.hostname])
+        self._spawn(slot.rank, slot.hostname, env, stdout, stderr)
+
+    def _spawn(
+        self, label: int, host: str, env: dict[str, str], stdout: ConsoleSink, stderr: ConsoleSink
+    ) -> Worker:
+        """Start the command on ``host`` with ``env``; its output lines are tagged ``label``."""
+        cfg = self.config
         cwd = cfg.cwd or os.getcwd()
-        if local.is_local_host(slot.hostname):
+        if local.is_local_host(host):
             script = wrapper_script(cfg.command, grace_seconds=cfg.grace_seconds)
             argv, popen_env, popen_cwd = local.worker_argv(script), env, cwd
         else:
             script = wrapper_script(cfg.command, env, cwd, cfg.grace_seconds)
-            argv, popen_env, popen_cwd = (
-                ssh.remote_argv(self._ssh, slot.hostname, script),
-                None,
-                None,
-            )
+            argv, popen_env, popen_cwd = ssh.remote_argv(self._ssh, host, script), None, None
         output_dir = None
         if cfg.output_filename:
             width = len(str(cfg.np - 1))
-            output_dir = os.path.join(cfg.output_filename, f"rank.{slot.rank:0{width}d}")
-        self.workers.append(
-            Worker(
-                slot.rank,
-                argv,
-                env=popen_env,
-                cwd=popen_cwd,
-                stdin_data=self.secret.hex().encode() + b"\n",
-                stdout=stdout,
-                stderr=stderr,
-                exits=self._exits,
-                timestamp=cfg.prefix_timestamp,
-                output_dir=output_dir,
-            )
+            output_dir = os.path.join(cfg.output_filename, f"rank.{label:0{width}d}")
+        worker = Worker(
+            label,
+            argv,
+            env=popen_env,
+            cwd=popen_cwd,
+            stdin_data=self.secret.hex().encode() + b"\n",
+            stdout=stdout,
+            stderr=stderr,
+            exits=self._exits,
+            timestamp=cfg.prefix_timestamp,
+            output_dir=output_dir,
         )
+        self.workers.append(worker)
+        return worker
 
     def _start_mpirun(self, common: dict[str, str], stdout: ConsoleSink, stderr: ConsoleSink):
         assert self._preflight is not None

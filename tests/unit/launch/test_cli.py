@@ -115,10 +115,23 @@ def test_ssh_config_file_from_env() -> None:
 
 def test_unsupported_flags_say_so(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="hora.launch"):
-        _config(["-np", "1", "--tcp", "--min-np", "1", "--disable-cache", "x"])
+        _config(["-np", "1", "--tcp", "--blacklist-cooldown-range", "1", "5", "--disable-cache",
+                 "x"])  # fmt: skip
     text = caplog.text
-    assert "--tcp" in text and "--min-np" in text and "--disable-cache" in text
+    assert "--tcp" in text and "--blacklist-cooldown-range" in text and "--disable-cache" in text
     assert len(caplog.records) == 3
+
+
+def test_elastic_flags_make_an_elastic_job_and_static_flags_do_not() -> None:
+    argv = ["-np", "3", "--min-np", "2", "--max-np", "4", "--reset-limit", "5", "x"]
+    args = _parser().parse_args(argv)
+    opts = cli.elastic_options(args, cli.build_config(args, env={}))
+    assert (opts.min_np, opts.max_np, opts.reset_limit, opts.elastic_timeout) == (2, 4, 5, 600.0)
+    args = _parser().parse_args(["-np", "3", "--max-np", "4", "--elastic-timeout", "9", "x"])
+    opts = cli.elastic_options(args, cli.build_config(args, env={}))
+    assert (opts.min_np, opts.elastic_timeout) == (3, 9.0)  # --min-np defaults to -np
+    args = _parser().parse_args(["-np", "3", "x"])
+    assert cli.elastic_options(args, cli.build_config(args, env={})) is None
 
 
 def test_missing_np_and_command() -> None:
