@@ -6,6 +6,9 @@ fails fast instead of waiting."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]
 HORA = [sys.executable, "-c", "import sys; from hora.launch.cli import main; sys.exit(main())"]
 
 # A worker that counts committed epochs: each epoch allreduces ones, so the sum is the world
@@ -138,3 +142,53 @@ def test_a_discovered_slot_joins_and_gets_the_state(tmp_path) -> None:
     for line in done.values():
         assert "size=3 epoch=30 total=30.0" in line, out
     assert "round 1 formed with 3 workers" in out, out
+
+
+def _pid_of(worker_id: str) -> int | None:
+    """The python process started for elastic worker ``worker_id`` (from its environment)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        mine = f"HORA_ELASTIC_ID={worker_id}".encode() in env and b"elastic.py" in cmd
+        if mine and not cmd.startswith(b"/bin/sh"):
+            return int(entry)
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_the_elastic_mnist_example_survives_a_killed_worker() -> None:
+    """The example under `hora run`: SIGKILL one worker in epoch 1; the job re-forms with two
+    workers, the TorchState (model, optimizer, sampler) rolls back, and training finishes."""
+    argv = [*HORA, "run", "-np", "3", "--min-np", "2", "-H", "localhost:3",
+            "--elastic-timeout", "60", sys.executable,
+            str(ROOT / "examples" / "pytorch_mnist_elastic.py"), "--epochs", "3"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)  # fmt: skip
+    lines: list[str] = []
+    killed = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if killed is None and "Train Epoch: 1 batch 10 " in line:
+                killed = _pid_of("localhost:1")
+                assert killed is not None, "".join(lines)
+                os.kill(killed, signal.SIGKILL)
+        code = proc.wait(timeout=280)
+    finally:
+        proc.kill()
+    out = "".join(lines)
+    assert code == 0, out[-4000:]
+    assert killed is not None, out[-4000:]
+    assert "exited with 137; the others go on" in out, out[-4000:]
+    assert "Job re-formed: 2 workers" in out, out[-4000:]
+    assert re.search(r"Train Epoch: 2 batch \d+ size 2\t", out), out[-4000:]
+    accuracy = re.search(r"Done: 2 workers, test accuracy (\d+\.\d+)%", out)
+    assert accuracy is not None and float(accuracy.group(1)) > 60.0, out[-4000:]

@@ -217,6 +217,12 @@ def _bind_cpus(ident: Identity, mode: str) -> None:
     log.debug("local rank %d bound to cores %s", ident.local_rank, sorted(cores))
 
 
+def _tag_rank(record: logging.LogRecord) -> bool:
+    """The rank at the time of the record (an elastic job's ranks change with its rounds)."""
+    record.hora_rank = os.environ.get("HORA_RANK", os.environ.get("HOROVOD_RANK", "0"))
+    return True
+
+
 def _configure_logging(settings: Settings) -> None:
     level = settings.log_level.upper()
     level = {"TRACE": "DEBUG", "FATAL": "CRITICAL"}.get(level, level)
@@ -224,8 +230,8 @@ def _configure_logging(settings: Settings) -> None:
     logger.setLevel(getattr(logging, level, logging.WARNING))
     if not logger.handlers:
         handler = logging.StreamHandler()
-        rank = os.environ.get("HORA_RANK", os.environ.get("HOROVOD_RANK", "0"))
-        fmt = f"[hora rank {rank}] %(levelname)s %(name)s: %(message)s"
+        handler.addFilter(_tag_rank)
+        fmt = "[hora rank %(hora_rank)s] %(levelname)s %(name)s: %(message)s"
         if not settings.log_hide_time:
             fmt = "%(asctime)s " + fmt
         handler.setFormatter(logging.Formatter(fmt))

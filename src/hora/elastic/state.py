@@ -99,4 +99,4 @@ class ObjectState(State):
         if self._saved:
             values = self._bcast_object(self._values(), 0, name="hora.elastic.objects")
             self.__dict__.update(values)
-            self.save()
+        self.save()  # a restore after this goes back to the synced values

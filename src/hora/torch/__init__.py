@@ -47,6 +47,7 @@ from hora.errors import (
     HorovodInternalError,
     HostsUpdatedInterrupt,
 )
+from hora.torch import elastic as elastic  # hvd.elastic
 from hora.torch.autograd import (
     allgather,
     allreduce,

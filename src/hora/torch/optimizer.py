@@ -302,6 +302,14 @@ class _DistributedOptimizer(OptimizerWrapper):
         self._delay = {p: self.backward_passes_per_step for p in self._params}
         self._synchronized = True
 
+    def _drop_in_flight(self) -> None:
+        """Forget every reduction started or counted since the last step (after a collective
+        failed their handles are stale); elastic ``restore()``/``sync()`` call this."""
+        self._handles.clear()
+        self._ready.clear()
+        self._delay = {p: self.backward_passes_per_step for p in self._params}
+        self._synchronized = False
+
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Inside this block ``step()`` does not synchronize (call ``synchronize()`` first,

@@ -6,7 +6,9 @@ with ``seed + epoch`` when shuffling). The samples not yet processed in this epo
 rank ``r`` gets positions ``r, r + R, r + 2R, ...``. After ``b`` batches of ``n`` samples the
 ranks together have consumed exactly the first ``b * n * R`` indices of the order, so the
 position is one number, ``processed_num``, that ``state_dict`` saves and ``load_state_dict``
-restores - also with a different number of replicas (the elastic sampler builds on that).
+restores - also with a different number of replicas. ``ElasticSampler`` (Horovod's elastic
+sampler) builds on that: it shards over the current ``hora.size()``/``hora.rank()`` and re-reads
+them in ``reset()`` after hora was initialised again with other workers.
 
 Used from the training thread (and DataLoader's main thread); not thread-safe.
 """
@@ -118,3 +120,46 @@ class DistributedSampler(Sampler[int]):
         self.epoch = int(state_dict["epoch"])
         self.processed_num = processed
         self._iter_start = processed
+
+
+class ElasticSampler(DistributedSampler):
+    """Horovod's elastic sampler: a :class:`DistributedSampler` over the current world.
+
+    ``reset()`` re-reads ``hora.size()``/``hora.rank()`` (``TorchState`` calls it after every
+    reset and when it restores or syncs the sampler), so after the job re-formed with another
+    number of workers each rank gets its new shard of the samples not processed yet this epoch.
+    Call ``record_batch(i, batch_size)`` after each batch and ``set_epoch(e + 1)`` at the end
+    of an epoch; ``state_dict()`` is ``{"epoch", "processed_num"}``.
+
+    ``num_replicas``/``rank`` (keyword-only, not in Horovod) pin the sharding instead of
+    following hora's world; ``reset()`` then keeps them.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        shuffle: bool = True,
+        seed: int = 0,
+        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        super().__init__(dataset, num_replicas, rank, shuffle=shuffle, seed=seed)
+        self._pinned = (num_replicas, rank)
+
+    def reset(self) -> None:
+        """Shard over the current world, starting from the samples not processed yet."""
+        import hora
+
+        num_replicas, rank = self._pinned
+        self.num_replicas = hora.size() if num_replicas is None else num_replicas
+        self.rank = hora.rank() if rank is None else rank
+        self._iter_start = self.processed_num
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.reset()
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        super().load_state_dict(state_dict)
+        self.reset()
