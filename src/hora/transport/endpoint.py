@@ -85,6 +85,7 @@ class Endpoint:
         self._connecting: dict[Any, threading.Lock] = {}
         self._closed = False
         self._listener: socket.socket | None = None
+        self._log = logging.getLogger(type(self).__module__)  # the concrete transport's logger
 
     def _listen(self, listener: socket.socket, thread_name: str) -> None:
         self._listener = listener
@@ -176,7 +177,7 @@ class Endpoint:
             adopted = self._adopt(conn, key[1])
         except (AuthenticationError, OSError, EOFError) as e:
             if not self._closed:
-                log.warning(
+                self._log.warning(
                     "rank %d: dropped a %s connection from %s: %s", self.rank, self.WHAT, where, e
                 )
             with self._lock:
@@ -191,7 +192,9 @@ class Endpoint:
                 self._lock.notify_all()
                 return
         if duplicate:
-            log.warning("rank %d: dropped a second connection from rank %d", self.rank, key[0])
+            self._log.warning(
+                "rank %d: dropped a second connection from rank %d", self.rank, key[0]
+            )
         conn.close()
 
     def close(self) -> None:
