@@ -113,10 +113,19 @@ def test_bad_pair_arguments(world: list[TcpTransport]) -> None:
         TcpTransport(3, 3, SECRET, world[0]._store, "x")  # type: ignore[arg-type]
 
 
-def test_garbage_connection_is_dropped(
-    world: list[TcpTransport], caplog: pytest.LogCaptureFixture
+def _capture_transport_warnings(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # hora.init() in an earlier test of this process gives the "hora" logger its own handler
+    # and stops propagation; caplog listens at the root, so let the records through again
     caplog.set_level(logging.WARNING, logger="hora.transport.tcp.transport")
+    monkeypatch.setattr(logging.getLogger("hora"), "propagate", True)
+
+
+def test_garbage_connection_is_dropped(
+    world: list[TcpTransport], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _capture_transport_warnings(caplog, monkeypatch)
     with socket.create_connection(world[0].listen_address, timeout=10) as raw:
         local = raw.getsockname()
         raw.sendall(b"\x00\x10" + b"\xab" * 200)
@@ -132,9 +141,12 @@ def test_garbage_connection_is_dropped(
 
 
 def test_wrong_secret_is_refused(
-    store: StoreClient, world: list[TcpTransport], caplog: pytest.LogCaptureFixture
+    store: StoreClient,
+    world: list[TcpTransport],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="hora.transport.tcp.transport")
+    _capture_transport_warnings(caplog, monkeypatch)
     impostor = TcpTransport(1, 3, b"not-the-secret", store, "job/0", connect_timeout=5.0)
     try:
         with pytest.raises(AuthenticationError, match="rank 0 at .* refused rank 1"):
