@@ -297,17 +297,18 @@ class _DistributedOptimizer(OptimizerWrapper):
             if id(flight) not in done:
                 done.add(id(flight))
                 flight.finish(self)
+        self._clear_in_flight()
+        self._synchronized = True
+
+    def _clear_in_flight(self) -> None:
         self._handles.clear()
         self._ready.clear()
         self._delay = {p: self.backward_passes_per_step for p in self._params}
-        self._synchronized = True
 
     def _drop_in_flight(self) -> None:
         """Forget every reduction started or counted since the last step (after a collective
         failed their handles are stale); elastic ``restore()``/``sync()`` call this."""
-        self._handles.clear()
-        self._ready.clear()
-        self._delay = {p: self.backward_passes_per_step for p in self._params}
+        self._clear_in_flight()
         self._synchronized = False
 
     @contextmanager
