@@ -13,7 +13,10 @@ see the same machine: (a) the API against the native backend's ``allreduce`` cal
 on the engine's own process-set communicator (the engine is idle in between, so the data
 channel is free), and (b) ResNet-50's gradients as one async allreduce per tensor, submitted
 in backward order and then synchronized, and as one grouped allreduce of the same tensors,
-against one buffer of the same total size (the three take turns).
+against one buffer of the same total size (the three take turns). Every buffer of (b) lies on
+4 KiB pages (:func:`small_pages`), as PyTorch's CPU allocator gives them: left to NumPy, the one
+large buffer alone would get transparent huge pages, which make single-copy reads and
+reductions faster whatever the engine does, and the comparison would measure page sizes.
 
 Single-threaded script; nothing here is imported by the rest of hora.
 """
@@ -21,6 +24,8 @@ Single-threaded script; nothing here is imported by the rest of hora.
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +57,20 @@ def resnet50_shapes() -> list[tuple[int, ...]]:
                 shapes += [(out, inplanes, 1, 1), (out,), (out,)]
             inplanes = out
     return shapes + [(1000, 2048), (1000,)]
+
+
+def small_pages(shape: tuple[int, ...]) -> np.ndarray:
+    """A zeroed float32 array of ``shape`` in its own mapping, on 4 KiB pages.
+
+    NumPy asks for transparent huge pages on allocations of 4 MiB and more; this mapping asks
+    the kernel for none (``MADV_NOHUGEPAGE``, where the platform has it), so that buffers of
+    every size are backed alike.
+    """
+    count = math.prod(shape)
+    area = mmap.mmap(-1, max(count * 4, 1))
+    if hasattr(area, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        area.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(area, dtype=np.float32, count=count).reshape(shape)
 
 
 def time_batch(call: Call, iters: int, warmup: int, barrier: Call) -> list[float]:
@@ -184,9 +203,9 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
         sink.put("direct", nbytes, 1, warmup, direct)
 
     shapes = resnet50_shapes()[::-1]  # gradients become ready from the last layer back
-    grads = [np.zeros(s, dtype=np.float32) for s in shapes]
+    grads = [small_pages(s) for s in shapes]
     total = sum(g.size for g in grads)
-    one = np.zeros(total, dtype=np.float32)
+    one = small_pages((total,))
 
     def many() -> None:
         handles = [

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import mmap
+import os
 
+import numpy as np
 import pytest
 
 from hora.lab import BENCHMARKS, configure
 from hora.lab import allreduce as bench
-from hora.lab.workers import resnet50_shapes
+from hora.lab.workers import resnet50_shapes, small_pages
 
 
 @pytest.mark.parametrize(
@@ -149,6 +152,31 @@ def test_resnet50_shapes_match_the_real_network() -> None:
     assert sum(math.prod(s) for s in shapes) == 25_557_032
     assert shapes[0] == (64, 3, 7, 7) and shapes[-2:] == [(1000, 2048), (1000,)]
     assert sum(1 for s in shapes if len(s) == 4) == 53  # 1 stem + 48 block + 4 projection convs
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``address``."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_small_pages_gives_zeroed_writable_arrays_that_refuse_huge_pages() -> None:
+    x = small_pages((3, 1 << 20))  # 12 MiB: NumPy itself would ask for huge pages
+    assert x.shape == (3, 1 << 20) and x.dtype == np.float32
+    assert not x.any()
+    x[...] = 2.0
+    assert float(x.sum()) == 2.0 * x.size
+    if os.path.exists("/proc/self/smaps") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        assert "nh" in _vm_flags(x.ctypes.data)  # the kernel's mark of MADV_NOHUGEPAGE
+    assert small_pages((0,)).size == 0
 
 
 def test_worker_env_drops_identity_and_keeps_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
