@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import IntEnum
 from typing import Any
 
@@ -65,6 +65,11 @@ class Request:
     group: str = ""  # grouped ops: the group's key
     group_size: int = 0
     ranks: tuple[int, ...] | None = None  # process-set ops: the set's ranks
+    # the name without its op prefix, worked out once (see ``match``)
+    _match: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._match = self.name.split(".", 1)[-1]
 
     def to_wire(self) -> list[Any]:
         return [
@@ -115,7 +120,7 @@ class Request:
         ``allreduce.grad`` on one rank and ``allgather.grad`` on another are the same tensor
         asked for with different operations: a mismatch to report, not two tensors to wait for.
         """
-        return self.name.split(".", 1)[-1]
+        return self._match
 
     def key(self) -> tuple[Any, ...]:
         """Everything that must match for a cached response to serve this request again."""
@@ -161,7 +166,7 @@ class TensorSpec:
 
 
 def _replace(req: Request, **kw: Any) -> Request:
-    vals = {f: getattr(req, f) for f in Request.__slots__}  # type: ignore[attr-defined]
+    vals = {f.name: getattr(req, f.name) for f in fields(Request) if f.init}
     vals.update(kw)
     return Request(**vals)
 

@@ -71,7 +71,7 @@ def _reduction(
     reqs, arrs, handle = _prepare(label, arrays, name, dtype, grouped, finalize, make, ps_id)
     for r in reqs:
         r.op = kind
-    return _submit(ps_id, reqs, list(arrs), _outputs(outputs, arrs, dtype), handle, grouped)
+    return _submit(ps_id, reqs, list(arrs), _outputs(outputs, arrs, dtype, arrays), handle, grouped)
 
 
 # -- the collectives ------------------------------------------------------------------------
@@ -260,7 +260,7 @@ def broadcast_async(
     reqs, arrs, handle = _prepare(
         OpType.BROADCAST, [array], name, dtype, False, finalize, make, ps_id
     )
-    outs = _outputs(None if output is None else [output], arrs, dtype)
+    outs = _outputs(None if output is None else [output], arrs, dtype, [array])
     return _submit(ps_id, reqs, list(arrs), outs, handle, False)
 
 

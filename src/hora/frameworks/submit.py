@@ -220,13 +220,16 @@ def _outputs(
     outputs: Sequence[Any] | None,
     arrs: list[np.ndarray],
     dtype: str | Sequence[str | None] | None,
+    inputs: Sequence[Any],
 ) -> list[np.ndarray | None]:
+    """The validated output views; an output that is its own input (in place, the common
+    case) is the input's view, checked once."""
     if outputs is None:
         return [None] * len(arrs)
     outs: list[np.ndarray | None] = []
-    for o, a, d in zip(outputs, arrs, _per_array(dtype, len(arrs))):
-        if o is None:
-            outs.append(None)
+    for o, a, d, x in zip(outputs, arrs, _per_array(dtype, len(arrs)), inputs):
+        if o is None or o is x:
+            outs.append(None if o is None else a)
             continue
         if not isinstance(o, np.ndarray):
             raise TypeError("output must be a NumPy array")
