@@ -144,6 +144,27 @@ def test_a_discovered_slot_joins_and_gets_the_state(tmp_path) -> None:
     assert "round 1 formed with 3 workers" in out, out
 
 
+@pytest.mark.timeout(150)
+def test_a_failed_slot_gets_a_new_worker_after_its_cooldown(tmp_path) -> None:
+    flags = ["-np", "3", "--min-np", "2", "-H", "localhost:3", "--elastic-timeout", "60"]
+    code, out = _run(
+        tmp_path,
+        [*flags, "--blacklist-cooldown-range", "1", "1"],
+        # the last argument only slows the epochs while the world has two workers
+        ["30", "3", "localhost:2", str(tmp_path / "not_read")],
+        timeout=140,
+    )
+    assert code == 0, out
+    done = _done(out)
+    assert set(done) == {"id=localhost:0", "id=localhost:1", "id=localhost:2+1"}, out
+    for line in done.values():
+        assert "size=3 epoch=30 total=30.0" in line, out  # every epoch counted exactly once
+    assert "worker 2 (localhost:2) exited with 137; the others go on" in out, out
+    assert "slot localhost:2 rests 1.0s" in out, out
+    assert "started worker 3 (localhost:2+1)" in out, out
+    assert "formed with 3 workers" in out, out
+
+
 def _pid_of(worker_id: str) -> int | None:
     """The python process started for elastic worker ``worker_id`` (from its environment)."""
     for entry in os.listdir("/proc"):

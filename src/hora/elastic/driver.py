@@ -5,7 +5,9 @@
 
 * A worker that exits with an error is dropped; the others' collectives fail, they roll back to
   their last commit and ask for the next round, which the launcher forms once every running
-  worker has asked - with at least ``--min-np`` of them. A failed worker's slot is not used again.
+  worker has asked - with at least ``--min-np`` of them. A failed worker's slot is not used
+  again, unless ``--blacklist-cooldown-range MIN MAX`` is given: the slot then cools down
+  (:func:`cooldown`) and a new worker is started on it, which joins like a discovered one.
 * ``--host-discovery-script`` is run every second: workers are started on new slots (up to
   ``--max-np``), and stopped on hosts that disappeared. The workers learn of the change at their
   next ``state.commit()`` (``HostsUpdatedInterrupt``) and ask for the next round together.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import subprocess
 import sys
 import time
@@ -49,6 +52,7 @@ class ElasticOptions:
     slots_per_host: int | None = None
     elastic_timeout: float = 600.0
     reset_limit: int | None = None
+    cooldown_range: tuple[int, int] | None = None  # --blacklist-cooldown-range: reuse failed slots
 
 
 @dataclass
@@ -60,6 +64,17 @@ class _Member:
     rank: int = -1  # in the newest round it belongs to
     code: int | None = None  # exit code once it exited
     removed: bool = False  # stopped because its host went away
+    slot: str = ""  # host:index it runs on
+
+
+def cooldown(bounds: tuple[int, int], failures: int, jitter: float | None = None) -> float:
+    """Seconds a slot rests after its ``failures``-th failure: the lower bound doubled for each
+    earlier failure, plus up to a second of jitter, within ``bounds`` (each clamped to 1-3600 s,
+    as Horovod does)."""
+    low, high = (min(max(int(b), 1), 3600) for b in bounds)
+    high = max(high, low)
+    extra = random.random() if jitter is None else jitter
+    return float(min(high, low * 2 ** min(failures - 1, 12) + extra))
 
 
 def discover(script: str, slots_per_host: int | None, timeout: float = 30.0) -> list[HostSlots]:
@@ -95,6 +110,9 @@ class ElasticJob(Job):
         super().__init__(config)
         self.members: list[_Member] = []
         self._used: set[str] = set()  # worker ids ever started (never reused)
+        self._busy: set[str] = set()  # slots (host:index) running a worker or closed for good
+        self._failures: dict[str, int] = {}  # slot -> failures so far
+        self._resting: dict[str, float] = {}  # slot -> when its cooldown ends
         self._round = 0
         self._resets = 0
         self._updates = 0
@@ -160,16 +178,19 @@ class ElasticJob(Job):
                 return 1
 
     def _start(self, host: str, index: int) -> None:
-        wid = f"{host}:{index}"
+        slot = wid = f"{host}:{index}"
+        if self._failures.get(slot):  # a fresh name: the store may hold the failed one's keys
+            wid = f"{slot}+{self._failures[slot]}"
         env = dict(self._common)
         env["HORA_RENDEZVOUS_ADDR"] = env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = self._address(host)
         env["HORA_ELASTIC_ID"] = wid
         for prefix in ("HORA_", "HOROVOD_"):
             env[prefix + "HOSTNAME"] = host
         label = len(self.members)
-        self._used.add(wid)
+        self._used.add(slot)
+        self._busy.add(slot)
         worker = self._spawn(label, host, env, self._out, self._err)
-        self.members.append(_Member(wid, host, label, worker))
+        self.members.append(_Member(wid, host, label, worker, slot=slot))
         log.info("elastic: started worker %d (%s)", label, wid)
 
     def _form(self, r: int, members: list[_Member]) -> None:
@@ -195,8 +216,11 @@ class ElasticJob(Job):
         while True:
             self._reap()
             now = time.monotonic()
-            if opts.host_discovery_script and now >= next_discovery:
-                self._rediscover()
+            if now >= next_discovery:
+                if opts.host_discovery_script:
+                    self._rediscover()
+                elif opts.cooldown_range:
+                    self._refill(self._hosts)
                 next_discovery = now + _DISCOVERY_EVERY
             live = [m for m in self.members if m.code is None]
             if not live:
@@ -207,10 +231,11 @@ class ElasticJob(Job):
                 pending_since = None
             else:
                 pending_since = pending_since or now
-                if len(live) < opts.min_np and not opts.host_discovery_script:
+                if len(live) < opts.min_np and not self._can_grow():
                     raise LaunchError(
                         f"only {len(live)} workers are left, fewer than --min-np "
-                        f"{opts.min_np}, and no --host-discovery-script can add more"
+                        f"{opts.min_np}, and no --host-discovery-script or "
+                        "--blacklist-cooldown-range can add more"
                     )
                 if any(m.id not in self._current for m in ready) and self._announced < nxt:
                     self._announced = nxt
@@ -248,6 +273,21 @@ class ElasticJob(Job):
                 log.warning(
                     "elastic: worker %d (%s) exited with %s; the others go on", label, m.id, code
                 )
+                self._rest(m.slot)
+
+    def _rest(self, slot: str) -> None:
+        """A worker failed on ``slot``: close the slot for good, or for its cooldown."""
+        bounds = self.options.cooldown_range
+        self._failures[slot] = self._failures.get(slot, 0) + 1
+        if bounds is None:
+            return  # stays busy: never used again
+        wait = cooldown(bounds, self._failures[slot])
+        self._busy.discard(slot)
+        self._resting[slot] = time.monotonic() + wait
+        log.info("elastic: slot %s rests %.1fs before a new worker starts there", slot, wait)
+
+    def _can_grow(self) -> bool:
+        return bool(self.options.host_discovery_script or self.options.cooldown_range)
 
     def _rediscover(self) -> None:
         opts = self.options
@@ -263,16 +303,28 @@ class ElasticJob(Job):
             log.info("elastic: host %s is gone; stopping worker %d", m.host, m.label)
             m.removed = True
             m.worker.stop()
+        added = self._refill(hosts)
+        if gone and not added:
+            self._hosts_changed(removed_only=True)
+
+    def _refill(self, hosts: list[HostSlots]) -> int:
+        """Start workers on free slots of ``hosts``, up to ``--max-np``: slots never used, and
+        (with ``--blacklist-cooldown-range``) failed ones whose cooldown has ended."""
+        opts, now = self.options, time.monotonic()
         live = sum(1 for m in self.members if m.code is None and not m.removed)
         room = (opts.max_np if opts.max_np is not None else 1 << 30) - live
         added = 0
         for h in hosts:
             for index in range(h.slots):
-                if added < room and f"{h.name}:{index}" not in self._used:
-                    self._start(h.name, index)
-                    added += 1
-        if gone and not added:
-            self._hosts_changed(removed_only=True)
+                slot = f"{h.name}:{index}"
+                if added >= room or slot in self._busy or self._resting.get(slot, 0.0) > now:
+                    continue
+                if slot in self._used and slot not in self._resting:
+                    continue  # its worker ended (or its host left): not a slot to fill again
+                self._resting.pop(slot, None)
+                self._start(h.name, index)
+                added += 1
+        return added
 
     def _hosts_changed(self, removed_only: bool) -> None:
         self._updates += 1

@@ -43,7 +43,6 @@ UNSUPPORTED: dict[str, str] = {
     "--binding-args": "not supported yet; ignored",
     "--num-nccl-streams": "not supported yet; ignored",
     "--jsrun": "not supported yet; running with hora's own launcher instead",
-    "--blacklist-cooldown-range": "a failed worker's slot is never used again in the job; ignored",
 }
 
 _SECTION_TITLES = {
@@ -209,7 +208,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--reset-limit", type=int, help="elastic: end the job after this many re-formations"
     )
-    e.add_argument("--blacklist-cooldown-range", nargs=2, type=int, help=argparse.SUPPRESS)
+    e.add_argument(
+        "--blacklist-cooldown-range",
+        nargs=2,
+        type=int,
+        metavar=("MIN", "MAX"),
+        help="elastic: start a new worker on a failed worker's slot after MIN seconds, doubled "
+        "for each earlier failure there, at most MAX (each 1-3600; default: never reuse it)",
+    )
 
     parser.add_argument(
         "command",
@@ -289,6 +295,9 @@ def elastic_options(args: argparse.Namespace, config: LaunchConfig) -> Any:
         slots_per_host=args.slots_per_host,
         elastic_timeout=config.settings.elastic_timeout if timeout is None else timeout,
         reset_limit=args.reset_limit,
+        cooldown_range=None
+        if args.blacklist_cooldown_range is None
+        else tuple(args.blacklist_cooldown_range),
     )
 
 

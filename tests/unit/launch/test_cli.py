@@ -115,10 +115,9 @@ def test_ssh_config_file_from_env() -> None:
 
 def test_unsupported_flags_say_so(caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="hora.launch"):
-        _config(["-np", "1", "--tcp", "--blacklist-cooldown-range", "1", "5", "--disable-cache",
-                 "x"])  # fmt: skip
+        _config(["-np", "1", "--tcp", "--num-nccl-streams", "2", "--disable-cache", "x"])
     text = caplog.text
-    assert "--tcp" in text and "--blacklist-cooldown-range" in text and "--disable-cache" in text
+    assert "--tcp" in text and "--num-nccl-streams" in text and "--disable-cache" in text
     assert len(caplog.records) == 3
 
 
@@ -130,8 +129,12 @@ def test_elastic_flags_make_an_elastic_job_and_static_flags_do_not() -> None:
     args = _parser().parse_args(["-np", "3", "--max-np", "4", "--elastic-timeout", "9", "x"])
     opts = cli.elastic_options(args, cli.build_config(args, env={}))
     assert (opts.min_np, opts.elastic_timeout) == (3, 9.0)  # --min-np defaults to -np
+    assert opts.cooldown_range is None  # failed slots are never reused unless asked
     args = _parser().parse_args(["-np", "3", "x"])
     assert cli.elastic_options(args, cli.build_config(args, env={})) is None
+    argv = ["-np", "3", "--min-np", "2", "--blacklist-cooldown-range", "10", "100", "x"]
+    args = _parser().parse_args(argv)
+    assert cli.elastic_options(args, cli.build_config(args, env={})).cooldown_range == (10, 100)
 
 
 def test_missing_np_and_command() -> None:
