@@ -106,32 +106,13 @@ class Coordinator:
         srank = st.set_rank(global_rank)
         st.member_epoch[srank] = epoch
         self._purge(st)
-        if hits:
-            self._add_hits(st, srank, hits)
+        for cid in hits:
+            spec = st.mirror.get(cid) or st.graveyard.get(cid, (None, 0))[0]
+            if spec is None:
+                raise ValueError(f"rank {global_rank} reported unknown cache entry {cid}")
+            self._add(st, srank, spec.request_for(srank))
         for wire in wires:
             self._add(st, srank, Request.from_wire(wire))
-
-    def _add_hits(self, st: SetState, srank: int, hits: list[int]) -> None:
-        """:meth:`_add` for cache hits, the steady state's whole traffic: a cached request is
-        never a join or a barrier, so each hit only joins its tensor's pending entry."""
-        cached, graveyard, table = st.mirror.get, st.graveyard, st.table
-        on_ready, who = self.on_ready, st.ranks[srank]
-        for cid in hits:
-            spec = cached(cid)
-            if spec is None:
-                spec = graveyard.get(cid, (None, 0))[0]
-                if spec is None:
-                    raise ValueError(f"rank {who} reported unknown cache entry {cid}")
-            req = spec.request_for(srank)
-            key = req.match
-            pend = table.get(key)
-            if pend is None:
-                pend = table[key] = _Pending()
-            pend.requests[srank] = req
-            if on_ready is not None:
-                on_ready(req.name, who)
-            if len(pend.requests) == st.size or st.joined:
-                self._maybe_ready(st, key)
 
     def _purge(self, st: SetState) -> None:
         if st.graveyard:

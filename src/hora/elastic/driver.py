@@ -109,8 +109,7 @@ class ElasticJob(Job):
         config.hosts = self._hosts
         super().__init__(config)
         self.members: list[_Member] = []
-        self._used: set[str] = set()  # worker ids ever started (never reused)
-        self._busy: set[str] = set()  # slots (host:index) running a worker or closed for good
+        self._used: set[str] = set()  # slots (host:index) ever started; refilled only if resting
         self._failures: dict[str, int] = {}  # slot -> failures so far
         self._resting: dict[str, float] = {}  # slot -> when its cooldown ends
         self._round = 0
@@ -188,7 +187,6 @@ class ElasticJob(Job):
             env[prefix + "HOSTNAME"] = host
         label = len(self.members)
         self._used.add(slot)
-        self._busy.add(slot)
         worker = self._spawn(label, host, env, self._out, self._err)
         self.members.append(_Member(wid, host, label, worker, slot=slot))
         log.info("elastic: started worker %d (%s)", label, wid)
@@ -280,9 +278,8 @@ class ElasticJob(Job):
         bounds = self.options.cooldown_range
         self._failures[slot] = self._failures.get(slot, 0) + 1
         if bounds is None:
-            return  # stays busy: never used again
+            return  # never used again
         wait = cooldown(bounds, self._failures[slot])
-        self._busy.discard(slot)
         self._resting[slot] = time.monotonic() + wait
         log.info("elastic: slot %s rests %.1fs before a new worker starts there", slot, wait)
 
@@ -317,10 +314,10 @@ class ElasticJob(Job):
         for h in hosts:
             for index in range(h.slots):
                 slot = f"{h.name}:{index}"
-                if added >= room or slot in self._busy or self._resting.get(slot, 0.0) > now:
+                # a used slot is running, ended, or failed; only a rested failed one is free
+                free = slot not in self._used or self._resting.get(slot, now + 1) <= now
+                if added >= room or not free:
                     continue
-                if slot in self._used and slot not in self._resting:
-                    continue  # its worker ended (or its host left): not a slot to fill again
                 self._resting.pop(slot, None)
                 self._start(h.name, index)
                 added += 1
