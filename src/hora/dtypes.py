@@ -64,4 +64,10 @@ def storage_view(arr: np.ndarray, name: str) -> np.ndarray:
 
 
 def itemsize(name: str) -> int:
-    return storage_dtype(name).itemsize
+    size = _ITEMSIZE.get(name)
+    if size is None:  # not a name hora carries: storage_dtype says why
+        size = _ITEMSIZE[name] = storage_dtype(name).itemsize
+    return size
+
+
+_ITEMSIZE: dict[str, int] = {}

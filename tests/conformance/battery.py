@@ -301,14 +301,24 @@ def check_eager_errors(hvd: Any, rank: int, size: int) -> None:
         if rank != first:
             time.sleep(0.3)
         h = hvd.allreduce_async(np.ones(4), name=f"dup{first}")
+        pair = [np.ones(2), np.ones(3)]
+        hg = hvd.grouped_allreduce_async(pair, op=hvd.Sum, name=f"dupg{first}")
         if rank == first:
-            try:
-                hvd.allreduce_async(np.ones(4), name=f"dup{first}")
-            except ValueError as e:
-                assert "same name" in str(e)
-            else:
-                raise AssertionError("duplicate name was accepted")
+            for again, arg, again_name in (
+                (hvd.allreduce_async, np.ones(4), f"dup{first}"),
+                (hvd.grouped_allreduce_async, pair, f"dupg{first}"),
+            ):
+                try:
+                    again(arg, op=hvd.Sum, name=again_name)
+                except ValueError as e:
+                    assert "same name" in str(e)
+                else:
+                    raise AssertionError("duplicate name was accepted")
         hvd.synchronize(h)
+        hvd.synchronize(hg)
+        # once the handle is done, every name of the group is free again
+        out = hvd.grouped_allreduce(pair, op=hvd.Sum, name=f"dupg{first}")
+        assert [o.tolist() for o in out] == [[size] * 2, [size] * 3]
     for bad, exc in [
         (lambda: hvd.allreduce(np.ones((4, 4))[:, 1]), ValueError),
         (lambda: hvd.allreduce(np.ones(2, dtype=np.complex64)), TypeError),

@@ -172,11 +172,11 @@ class Coordinator:
         ranks = sorted(reqs)
         first_rank = ranks[0]
         first = reqs[first_rank]
-        op_name = first.op.name
         for r in ranks[1:]:
             q = reqs[r]
             if q is first:  # one cached request that every rank hit: nothing can differ
                 continue
+            op_name = first.op.name
             a, b = st.ranks[first_rank], st.ranks[r]
             if q.op != first.op:
                 return (
@@ -225,7 +225,7 @@ class Coordinator:
                     f"{first.group_size}, rank {b} in a group of {q.group_size}."
                 )
         if st.joined and first.op not in (OpType.ALLREDUCE, OpType.ADASUM):
-            return _JOIN_UNSUPPORTED.format(op=_OP_NAMES.get(first.op, op_name.title()))
+            return _JOIN_UNSUPPORTED.format(op=_OP_NAMES.get(first.op, first.op.name.title()))
         if first.op == OpType.BROADCAST and first.root not in st.ranks:
             return (
                 f"broadcast received invalid root rank {first.root}: it is not a member of "

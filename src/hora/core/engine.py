@@ -289,17 +289,24 @@ class Engine:
                 return
             batch, self._queue = self._queue, []
         by_set: dict[int, tuple[list[Any], list[int]]] = {}
+        tl = self.timeline
         for ps_id, entries in batch:
             ms = self.members[ps_id]
             full, hits = by_set.setdefault(ps_id, ([], []))
+            table, hit, srank = ms.table, ms.cache.hit, ms.comm.rank
             for e in entries:
                 req = e.spec_request
-                if req.op == OpType.JOIN:
-                    ms.joined = True
-                ms.table[_table_key(req)] = e
-                if self.timeline is not None:
-                    self.timeline.negotiate_start(req.name, req.op.name)
-                cid = ms.cache.hit(req, ms.comm.rank) if req.op in CACHEABLE else None
+                op = req.op
+                if op in CACHEABLE:  # the steady state: one table entry, one cache lookup
+                    table[req.match] = e
+                    cid = hit(req, srank)
+                else:
+                    if op == OpType.JOIN:
+                        ms.joined = True
+                    table[_table_key(req)] = e
+                    cid = None
+                if tl is not None:
+                    tl.negotiate_start(req.name, op.name)
                 if cid is None:
                     full.append(req.to_wire())
                 else:

@@ -110,13 +110,15 @@ class Executor:
             parts = getattr(self.backend, "reduces_parts", None)
             if total >= IN_PLACE_MIN_BYTES and parts is not None and parts(comm, total):
                 flats = [self._target(s, e) for s, e in zip(resp.specs, entries)]
-                for f in flats:
-                    scale(f, dtype, req.prescale)
+                if req.prescale != 1.0:
+                    for f in flats:
+                        scale(f, dtype, req.prescale)
                 self._act(names, f"{self.backend.name}_{resp.op.name}")
                 self.backend.allreduce_parts(comm, flats, dtype, red)  # type: ignore[attr-defined]
                 self._act(names, None)
-                for f in flats:
-                    scale(f, dtype, post)
+                if post != 1.0:
+                    for f in flats:
+                        scale(f, dtype, post)
                 return [f.reshape(s.request.shape) for f, s in zip(flats, resp.specs)]
             big = [i for i, s in enumerate(resp.specs) if s.request.nbytes >= IN_PLACE_MIN_BYTES]
             if big:

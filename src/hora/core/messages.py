@@ -65,8 +65,11 @@ class Request:
     group: str = ""  # grouped ops: the group's key
     group_size: int = 0
     ranks: tuple[int, ...] | None = None  # process-set ops: the set's ranks
-    # the name without its op prefix, worked out once (see ``match``)
+    # Worked out once: the name without its op prefix (see ``match``), and on first use the
+    # byte count and the cache key. A request is not changed once it has been submitted.
     _match: str = field(default="", init=False, repr=False, compare=False)
+    _nbytes: int = field(default=-1, init=False, repr=False, compare=False)
+    _key: tuple[Any, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._match = self.name.split(".", 1)[-1]
@@ -111,7 +114,9 @@ class Request:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * itemsize(self.dtype)
+        if self._nbytes < 0:
+            self._nbytes = self.numel * itemsize(self.dtype)
+        return self._nbytes
 
     @property
     def match(self) -> str:
@@ -124,6 +129,11 @@ class Request:
 
     def key(self) -> tuple[Any, ...]:
         """Everything that must match for a cached response to serve this request again."""
+        if not self._key:
+            self._key = self._make_key()
+        return self._key
+
+    def _make_key(self) -> tuple[Any, ...]:
         return (
             self.op,
             self.dtype,

@@ -148,7 +148,6 @@ def _entries(
     lock = threading.Lock()
 
     def settle(i: int, value: Any, error: BaseException | None) -> None:
-        _release(keys[i])
         with lock:
             results[i] = value
             if error is not None:
@@ -156,6 +155,9 @@ def _entries(
             left[0] -= 1
             if left[0]:
                 return
+        with _pending_lock:  # the names are free again once the handle is done
+            for key in keys:
+                _pending.pop(key, None)
         if errors:
             handle.set_error(errors[0])
         else:

@@ -65,3 +65,18 @@ def test_other_messages_stay_json(msg: dict[str, Any]) -> None:
 def test_malformed_payloads_raise_value_error(payload: bytes) -> None:
     with pytest.raises(ValueError, match="malformed control message"):
         decode(payload)
+
+
+def test_a_requests_derived_values_are_worked_out_once_and_right() -> None:
+    from hora.core.messages import OpType, Request, TensorSpec
+
+    req = Request(OpType.ALLGATHER, "allgather.x", "bfloat16", (3, 5))
+    assert req.nbytes == 3 * 5 * 2 and req.nbytes == 30  # the second read is the cached one
+    assert req.key() is req.key()
+    assert req.key() == Request(OpType.ALLGATHER, "allgather.x", "bfloat16", (3, 5)).key()
+    # another rank's view of the same spec: a new request, with its own byte count and key
+    other = TensorSpec(req, first_dims=[3, 7]).request_for(1)
+    assert other.shape == (7, 5) and other.nbytes == 70
+    assert other.key() != req.key()
+    with pytest.raises(TypeError):
+        _ = Request(OpType.ALLREDUCE, "allreduce.y", "no-such-dtype", (2,)).nbytes

@@ -19,15 +19,15 @@ import errno
 import logging
 import os
 import sys
+from array import array
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-
-class _IoVec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
+# A ``struct iovec`` array is built as a flat array of machine words, (base, len) per piece:
+# one C-level constructor call instead of a ctypes object per piece.
+_WORD = "Q" if ctypes.sizeof(ctypes.c_void_p) == 8 else "L"
 
 def _load(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     if not sys.platform.startswith("linux"):
@@ -36,11 +36,12 @@ def _load(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         func = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
+    # the iovec arrays go as addresses (see _WORD)
     func.argtypes = [
         ctypes.c_int,
-        ctypes.POINTER(_IoVec),
+        ctypes.c_void_p,
         ctypes.c_ulong,
-        ctypes.POINTER(_IoVec),
+        ctypes.c_void_p,
         ctypes.c_ulong,
         ctypes.c_ulong,
     ]
@@ -77,9 +78,9 @@ def read_to(pid: int, base: int, total: int, src_addr: int) -> None:
         raise OSError(errno.ENOSYS, "process_vm_readv is not available on this platform")
     done = 0
     while done < total:
-        local = _IoVec(base + done, total - done)
-        remote = _IoVec(src_addr + done, total - done)
-        got = _READV(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        local = array(_WORD, (base + done, total - done))
+        remote = array(_WORD, (src_addr + done, total - done))
+        got = _READV(pid, local.buffer_info()[0], 1, remote.buffer_info()[0], 1, 0)
         if got <= 0:
             err = ctypes.get_errno() if got < 0 else errno.EFAULT
             raise OSError(err, f"process_vm_readv from pid {pid}: {os.strerror(err)}")
@@ -140,9 +141,9 @@ def _transfer(
     k = 0
     while k < len(pieces):
         batch = pieces[k : k + _IOV_BATCH]
-        loc = (_IoVec * len(batch))(*[_IoVec(a, n) for a, _, n in batch])
-        rem = (_IoVec * len(batch))(*[_IoVec(r, n) for _, r, n in batch])
-        got = func(pid, loc, len(batch), rem, len(batch), 0)
+        loc = array(_WORD, [x for a, _, n in batch for x in (a, n)])
+        rem = array(_WORD, [x for _, r, n in batch for x in (r, n)])
+        got = func(pid, loc.buffer_info()[0], len(batch), rem.buffer_info()[0], len(batch), 0)
         if got <= 0:
             err = ctypes.get_errno() if got < 0 else errno.EFAULT
             raise OSError(err, f"{what} with pid {pid}: {os.strerror(err)}")
