@@ -63,11 +63,11 @@ def storage_view(arr: np.ndarray, name: str) -> np.ndarray:
     return arr if arr.dtype == st else arr.view(st)
 
 
+_ITEMSIZE: dict[str, int] = {}  # dtype name -> bytes per element, filled on first use
+
+
 def itemsize(name: str) -> int:
     size = _ITEMSIZE.get(name)
-    if size is None:  # not a name hora carries: storage_dtype says why
+    if size is None:  # a name not seen yet (storage_dtype raises for one hora does not carry)
         size = _ITEMSIZE[name] = storage_dtype(name).itemsize
     return size
-
-
-_ITEMSIZE: dict[str, int] = {}

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # one C-level constructor call instead of a ctypes object per piece.
 _WORD = "Q" if ctypes.sizeof(ctypes.c_void_p) == 8 else "L"
 
+
 def _load(name: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     if not sys.platform.startswith("linux"):
         return None
