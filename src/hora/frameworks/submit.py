@@ -116,9 +116,11 @@ def _submit(
 Key = tuple[int, str]
 
 
-def _release(key: Key) -> None:
+def _release(*keys: Key) -> None:
+    """Free names in flight (those of a handle that is done), under one lock."""
     with _pending_lock:
-        _pending.pop(key, None)
+        for key in keys:
+            _pending.pop(key, None)
 
 
 def _entries(
@@ -155,9 +157,7 @@ def _entries(
             left[0] -= 1
             if left[0]:
                 return
-        with _pending_lock:  # the names are free again once the handle is done
-            for key in keys:
-                _pending.pop(key, None)
+        _release(*keys)  # the names are free again once the handle is done
         if errors:
             handle.set_error(errors[0])
         else:
