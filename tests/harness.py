@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -129,20 +130,23 @@ def spawn_ranks(
         for err in errs:
             err.close()
         server.stop()
-    results = []
-    for r, p in enumerate(procs):
-        with open(f"{path}.{r}.stderr", "rb") as f:
-            stderr = f.read().decode(errors="replace")
-        if timed_out[r]:
-            results.append(RankResult(r, "timeout", None, None, stderr))
-            continue
-        try:
-            with open(f"{path}.{r}", "rb") as f:
-                status, value = pickle.load(f)
-        except FileNotFoundError:
-            status, value = "died", None
-        results.append(RankResult(r, status, value, p.returncode, stderr))
-    return results
+    try:
+        return [_result(path, r, p.returncode, timed_out[r]) for r, p in enumerate(procs)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _result(path: str, rank: int, returncode: int | None, timed_out: bool) -> RankResult:
+    with open(f"{path}.{rank}.stderr", "rb") as f:
+        stderr = f.read().decode(errors="replace")
+    if timed_out:
+        return RankResult(rank, "timeout", None, None, stderr)
+    try:
+        with open(f"{path}.{rank}", "rb") as f:
+            status, value = pickle.load(f)
+    except FileNotFoundError:
+        status, value = "died", None
+    return RankResult(rank, status, value, returncode, stderr)
 
 
 def run_ranks(

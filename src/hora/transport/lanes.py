@@ -7,7 +7,7 @@ operations of one direction keep their order.
 
 Thread-safety: ``Completion`` may be finished from any thread and waited on from another;
 ``Lane.submit``/``drain``/``idle`` are called by the thread that issues the pair's operations,
-``close`` from any thread.
+``close`` and ``join`` from any thread.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 
 from hora.errors import TransportError
+
+JOIN_TIMEOUT = 5.0  # seconds a closing pair waits for its lane threads to end
 
 
 class Completion:
@@ -83,18 +85,37 @@ class Lane:
             last._event.wait()
 
     def close(self) -> None:
+        """Refuse new operations; the thread ends after those already queued."""
         with self._lock:
             self._closed = True
             self._queue.put(None)
 
+    def join(self, timeout: float = JOIN_TIMEOUT) -> None:
+        """After ``close`` (and after the owner closed what the operations block on): wait for
+        the thread to end, so that no daemon thread of a closed pair is still running when the
+        interpreter exits. A no-op on the lane's own thread."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     def _loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            op, work = item
-            try:
-                op()
-            except TransportError as e:
-                work.finish(e)
-            except Exception as e:  # a bug must fail the operation, not hang its waiter
-                work.finish(TransportError(f"{self._name}: {type(e).__name__}: {e}"))
-            else:
-                work.finish()
+        while self._run(self._queue.get()):
+            pass
+
+    def _run(self, item: tuple[Callable[[], object], Completion] | None) -> bool:
+        """Run one queued operation; False for the end marker. The operation and its buffers
+        are let go when this returns, not kept alive by an idle thread until the next one: a
+        buffer over a torch tensor freed by a daemon thread while the interpreter shuts down
+        aborts the process."""
+        if item is None:
+            return False
+        op, work = item
+        try:
+            op()
+        except TransportError as e:
+            work.finish(e)
+        except Exception as e:  # a bug must fail the operation, not hang its waiter
+            work.finish(TransportError(f"{self._name}: {type(e).__name__}: {e}"))
+        else:
+            work.finish()
+        return True

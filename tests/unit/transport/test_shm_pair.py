@@ -29,6 +29,10 @@ def _hora_in_dev_shm() -> list[str]:
 
 
 def _exchange(rank: int, single_copy: bool) -> dict[str, Any]:
+    import threading
+    import time
+    import weakref
+
     import numpy as np
 
     from hora.transport.shm.pair import EAGER_LIMIT
@@ -87,6 +91,18 @@ def _exchange(rank: int, single_copy: bool) -> dict[str, Any]:
     work.wait()
     want = np.repeat(np.arange(1500) % 250 + 1 - rank, 3).astype(np.uint8)
     out["ok"].append(("1500 parts inline", bool(np.array_equal(into[0], want))))
+    # a finished transfer's buffer is let go (by the acknowledgement thread on the single-copy
+    # path, the send lane on the staged one); closing (below) ends every thread of the pair
+    big = np.full(5 << 20, rank, np.uint8)
+    ref = weakref.ref(big)
+    work = pair.isend(memoryview(big))
+    pair.recv_into(memoryview(np.empty_like(big)))
+    work.wait()
+    del big, work
+    deadline = time.monotonic() + 10
+    while ref() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out["buffer_let_go"] = ref() is None
     pair.send_msg(b"message from %d" % rank)  # messages and data frames keep their order
     pair.send(b"x" * 10)
     out["msg"] = pair.recv_msg()
@@ -98,6 +114,10 @@ def _exchange(rank: int, single_copy: bool) -> dict[str, Any]:
     out["memfd_mapped"] = "memfd:hora-staging" in maps
     out["dev_shm"] = _hora_in_dev_shm()
     t.close()
+    pair_threads = ("hora-shm-send", "hora-shm-recv", "hora-shm-ack")
+    out["threads_left"] = [
+        th.name for th in threading.enumerate() if th.name.startswith(pair_threads)
+    ]
     return out
 
 
@@ -114,6 +134,8 @@ def test_frames_of_every_size_arrive_whole_and_in_order(single_copy: bool) -> No
         # the staging area is an anonymous memfd: mapped, yet never a file in /dev/shm
         assert out["memfd_mapped"] is (not single_copy)
         assert out["dev_shm"] == []
+        assert out["buffer_let_go"], f"rank {rank}: a pair thread still holds a sent buffer"
+        assert out["threads_left"] == [], f"rank {rank}: pair threads left after close"
 
 
 def _mismatch(rank: int, single_copy: bool, size: int) -> str:

@@ -43,7 +43,7 @@ import numpy as np
 
 from hora.errors import TransportError
 from hora.transport.base import MAX_MESSAGE, Buffer
-from hora.transport.lanes import Completion, Lane
+from hora.transport.lanes import JOIN_TIMEOUT, Completion, Lane
 from hora.transport.shm import cma
 from hora.transport.shm.staging import SLOT_BYTES, SLOTS, Staging
 from hora.transport.tcp.pair import byte_view
@@ -340,7 +340,7 @@ class ShmPair:
                 else:
                     problem = ""
                     for _ in range(got):
-                        work, _ = self._unacked.popleft()
+                        work = self._unacked.popleft()[0]  # its buffer is let go here
                         if work is None:
                             self._free_slots += 1
                         else:
@@ -540,6 +540,11 @@ class ShmPair:
         hard_close(self._in.sock)
         for work in pending:
             work.finish(self._closed_error())
+        self._sender.join()
+        self._receiver.join()
+        acker = self._acker
+        if acker is not None and acker is not threading.current_thread():
+            acker.join(JOIN_TIMEOUT)
 
     def _closed_error(self) -> TransportError:
         return TransportError(str(self._error or f"connection to {self._what} is closed"))

@@ -126,6 +126,8 @@ class TcpPair:
         self._sender.close()
         self._receiver.close()
         hard_close(self._sock)
+        self._sender.join()
+        self._receiver.join()
 
     @property
     def closed(self) -> bool:
