@@ -4,6 +4,7 @@ and hora.run. Real processes; every wait has a timeout."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -193,3 +194,39 @@ def test_run_api_returns_results_by_rank() -> None:
     assert isinstance(info.value.__cause__, ZeroDivisionError)
     with pytest.raises(LaunchError, match="could not be sent back"):
         run(threading.Lock, np=1)
+
+
+@pytest.mark.timeout(90)
+def test_run_api_names_a_rank_that_aborts_after_returning() -> None:
+    """A rank whose value came back but whose process then died (here: an abort at exit, as a
+    C++ library can do) fails the job with a message that says so and names the signal."""
+    from hora.errors import LaunchError
+    from hora.launch.api import run
+
+    def aborts_at_exit_on_rank_one() -> int:
+        import atexit
+
+        from hora.core.identity import detect
+        from hora.rendezvous.client import StoreClient
+
+        ident = detect()
+        if ident.rank == 1:
+
+            def abort_once_rank_zero_returned() -> None:
+                assert ident.rendezvous_addr and ident.rendezvous_port and ident.secret
+                with StoreClient(
+                    ident.rendezvous_addr, ident.rendezvous_port, ident.secret
+                ) as store:
+                    store.get("runfunc_result/0", timeout=30)
+                os.abort()
+
+            atexit.register(abort_once_rank_zero_returned)
+        return ident.rank
+
+    with pytest.raises(LaunchError) as info:
+        run(aborts_at_exit_on_rank_one, np=2)
+    assert re.search(
+        r"every rank returned its result, then rank 1 exited with status "
+        r"(-6 \(killed by SIGABRT\)|134 \(SIGABRT, as a shell reports it\)) while shutting down",
+        str(info.value),
+    ), str(info.value)

@@ -20,7 +20,7 @@ import cloudpickle
 from hora.errors import LaunchError
 from hora.launch.config import LaunchConfig
 from hora.launch.hosts import parse_hostfile, parse_hosts
-from hora.launch.job import Job
+from hora.launch.job import Job, exit_status
 from hora.launch.task import FUNC_KEY, RESULT_KEY
 from hora.rendezvous.client import StoreClient
 from hora.settings import Settings, load
@@ -88,7 +88,7 @@ def run(
         store.set(FUNC_KEY, payload)
         code = job.run()
         outcomes = _collect(store, count)
-    return _results(outcomes, count, code, job.failure)
+    return _results(outcomes, count, code, job.failure, use_mpi)
 
 
 def _collect(store: StoreClient, count: int) -> dict[int, tuple[Any, ...]]:
@@ -101,7 +101,11 @@ def _collect(store: StoreClient, count: int) -> dict[int, tuple[Any, ...]]:
 
 
 def _results(
-    outcomes: dict[int, tuple[Any, ...]], count: int, code: int, failure: tuple[int, int] | None
+    outcomes: dict[int, tuple[Any, ...]],
+    count: int,
+    code: int,
+    failure: tuple[int, int] | None,
+    mpi: bool = False,
 ) -> list[Any]:
     errors = {rank: o for rank, o in outcomes.items() if o[0] == "error"}
     if errors:
@@ -109,6 +113,14 @@ def _results(
         _, exc, text = errors[rank]
         raise LaunchError(f"hora.run: rank {rank} raised an exception:\n{text}") from exc
     if code != 0 or len(outcomes) < count:
-        who = f"rank {failure[0]} exited with status {failure[1]}" if failure else f"code {code}"
-        raise LaunchError(f"hora.run: the job failed ({who}) before every rank returned")
+        what = f"code {code}"
+        if failure:
+            who = "mpirun" if mpi else f"rank {failure[0]}"
+            what = f"{who} exited with status {exit_status(failure[1])}"
+        if len(outcomes) == count:  # every value came back: the failure came while exiting
+            raise LaunchError(
+                f"hora.run: every rank returned its result, then {what} while shutting down; "
+                "its output above says why"
+            )
+        raise LaunchError(f"hora.run: the job failed ({what}) before every rank returned")
     return [outcomes[rank][1] for rank in sorted(outcomes)]

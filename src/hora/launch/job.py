@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import sys
 from types import TracebackType
 
@@ -27,6 +28,24 @@ from hora.launch.workerenv import job_env, rank_env
 from hora.rendezvous.server import RendezvousServer
 
 log = logging.getLogger("hora.launch")
+
+
+def exit_status(code: int) -> str:
+    """A worker's exit status as a person reads it, with the signal behind it named: negative
+    for a local process a signal ended, 128 + N as a shell (a rank started over ssh) reports
+    signal N."""
+    if code < 0:
+        return f"{code} (killed by {_signal_name(-code)})"
+    if 128 < code <= 128 + 64:
+        return f"{code} ({_signal_name(code - 128)}, as a shell reports it)"
+    return str(code)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class Job:
@@ -168,7 +187,7 @@ class Job:
             if code == 0:
                 continue
             self.failure = (label, code)
-            shown = code if code > 0 else f"{code} (killed by signal {-code})"
+            shown = exit_status(code)
             if self.config.backend == "mpi":
                 log.error("mpirun exited with status code %s.", shown)
             else:

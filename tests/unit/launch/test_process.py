@@ -153,3 +153,14 @@ def test_worker_dies_when_its_launcher_dies() -> None:
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+def test_exit_statuses_name_the_signal_behind_them() -> None:
+    from hora.launch.job import exit_status
+
+    assert exit_status(3) == "3"
+    assert exit_status(-9) == "-9 (killed by SIGKILL)"
+    assert exit_status(134) == "134 (SIGABRT, as a shell reports it)"
+    assert exit_status(128 + 15) == "143 (SIGTERM, as a shell reports it)"
+    assert exit_status(-99) == "-99 (killed by signal 99)"
+    assert exit_status(255) == "255"
