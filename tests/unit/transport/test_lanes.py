@@ -65,6 +65,7 @@ def test_an_idle_lane_keeps_no_buffer_of_a_finished_operation() -> None:
 
 
 def test_a_closed_tcp_pair_has_no_thread_left_and_holds_no_buffer() -> None:
+    before = set(threading.enumerate())
     a, b = socket.socketpair()
     left, right = TcpPair(a, 1, DATA), TcpPair(b, 0, DATA)
     sent, got = np.arange(50_000, dtype=np.float64), np.zeros(50_000)
@@ -75,8 +76,8 @@ def test_a_closed_tcp_pair_has_no_thread_left_and_holds_no_buffer() -> None:
     assert np.array_equal(got, sent)
     del sent, got
     assert all(_gone(r) for r in refs), "a lane thread still holds a finished transfer's buffer"
-    lanes = {t for t in threading.enumerate() if t.name.startswith("hora-tcp-")}
-    assert lanes  # the transfers above ran on lane threads
+    lanes = {t for t in set(threading.enumerate()) - before if t.name.startswith("hora-tcp-")}
+    assert lanes  # the transfers above ran on these two pairs' lane threads
     left.close()
     right.close()
     assert not [t.name for t in lanes if t.is_alive()]
