@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from hora.backends.base import Backend, SetComm
+from hora.core.autotune import Autotuner
 from hora.core.controller import Coordinator, decode_responses
 from hora.core.executor import Executor, TensorEntry
 from hora.core.handles import shut_down_error
@@ -81,6 +82,11 @@ class Engine:
         )
         if self.coordinator is not None:
             self.coordinator.on_ready = self._mark_ready
+        self._cycle_s = settings.cycle_time_ms / 1000.0
+        # rank 0 tunes the fusion threshold and cycle time when asked (HOROVOD_AUTOTUNE)
+        self._tuner: Autotuner | None = None
+        if self.coordinator is not None and settings.autotune:
+            self._tuner = Autotuner(settings)
         self.members: dict[int, MemberState] = {}
         self._lock = threading.Lock()
         self._queue: list[tuple[int, list[TensorEntry]]] = []
@@ -214,11 +220,10 @@ class Engine:
         for peer, pair in self._ctrl.items():
             peers[pair.fileno()] = peer
             poller.register(pair.fileno(), select.POLLIN)
-        tick = max(self.settings.cycle_time_ms, 0.0)
         deadline = 0.0
         while True:
             busy = self._closing or any(ms.table for ms in self.members.values())
-            for fd, ev in poller.poll(tick if busy else 250.0):
+            for fd, ev in poller.poll(max(self._cycle_s * 1e3, 0.0) if busy else 250.0):
                 if ev & select.POLLNVAL:  # closed under the loop (a shutdown that timed out)
                     poller.unregister(fd)
                 elif fd == wake:
@@ -415,8 +420,11 @@ class Engine:
     # -- coordinator side (rank 0) ----------------------------------------------------------
     def _coordinate(self) -> None:
         assert self.coordinator is not None
-        hold = self.settings.cycle_time_ms / 1000.0 if self.settings.fusion_threshold > 0 else 0.0
-        for st, responses in self.coordinator.take_responses(time.monotonic(), hold):
+        hold = self._cycle_s if self.coordinator.fusion_threshold > 0 else 0.0
+        ready = self.coordinator.take_responses(time.monotonic(), hold)
+        if self._tuner is not None and ready:
+            self._autotune(ready)
+        for st, responses in ready:
             wire = self.coordinator.encode(st, responses)
             data = None
             for r in st.ranks:
@@ -425,6 +433,15 @@ class Engine:
                 else:
                     data = data or encode({"t": "resp", "ps": st.ps_id, "l": wire})
                     self._ctrl[r].send_msg(data)
+
+    def _autotune(self, ready: list[tuple[Any, list[Response]]]) -> None:
+        """Count a cycle's bytes; apply the tuner's next point when it has one."""
+        assert self._tuner is not None and self.coordinator is not None
+        nbytes = sum(s.request.nbytes for _, rs in ready for r in rs for s in r.specs)
+        point = self._tuner.cycle(nbytes)
+        if point is not None:
+            self.coordinator.fusion_threshold, cycle_ms = point
+            self._cycle_s = cycle_ms / 1000.0
 
     def _begin_shutdown(self) -> None:
         self._closing = self.rank == 0
