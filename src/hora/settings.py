@@ -330,7 +330,8 @@ KNOBS: tuple[Knob, ...] = (
         str,
         "",
         "THREAD_AFFINITY",
-        "Core to pin the engine thread to (accepted, not used).",
+        "Cores to pin the engine thread to, one per local rank (comma-separated; local rank i "
+        "takes the i-th).",
         "--thread-affinity",
         None,
         None,

@@ -126,6 +126,11 @@ class Engine:
         self._register_member(0, ranks)
 
     @property
+    def thread_id(self) -> int:
+        """The engine thread's operating-system id (for pinning it to a core)."""
+        return self._thread.native_id or 0
+
+    @property
     def running(self) -> bool:
         return not self._stopped.is_set()
 

@@ -123,12 +123,20 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             identity, mpi_job = _mpi_world(comm, detect(), settings)
         _configure_logging(settings)
         _bind_cpus(identity, settings.cpu_bind)
+        core = engine_core(identity, settings.thread_affinity)
         try:
             _runtime = Runtime(identity, settings, generation, mpi_job)
         except Exception as e:
             if mpi_job is not None and mpi_job.server is not None:
                 mpi_job.server.stop()
             raise ValueError(f"Horovod initialization failed: {e}") from e
+        if core is not None:
+            try:
+                os.sched_setaffinity(_runtime.engine.thread_id, {core})
+            except OSError as e:
+                shutdown()
+                raise ValueError(f"cannot pin the engine thread to core {core}: {e}") from e
+            log.debug("engine thread of local rank %d pinned to core %d", identity.local_rank, core)
         _generation += 1
         global_process_set.ranks = list(range(identity.size))
         global_process_set._bind(0, identity.rank)
@@ -195,6 +203,32 @@ def runtime() -> Runtime:
 
 def is_initialized() -> bool:
     return _runtime is not None
+
+
+def engine_core(ident: Identity, spec: str) -> int | None:
+    """The core ``HOROVOD_THREAD_AFFINITY`` (one core id per local rank, comma-separated) gives
+    this rank's engine thread; None when unset. ValueError, saying what to give, otherwise."""
+    if not spec.strip():
+        return None
+    name = "HORA_THREAD_AFFINITY / HOROVOD_THREAD_AFFINITY"
+    try:
+        cores = [int(c) for c in spec.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"{name}={spec!r}: expected core ids separated by commas, one per local rank"
+        ) from None
+    if len(cores) < ident.local_size:
+        raise ValueError(
+            f"{name}={spec!r} names {len(cores)} core(s) for {ident.local_size} local ranks: "
+            "give one core id per local rank"
+        )
+    core, count = cores[ident.local_rank], os.cpu_count() or 1
+    if not 0 <= core < count or not hasattr(os, "sched_setaffinity"):
+        raise ValueError(
+            f"{name}={spec!r}: local rank {ident.local_rank} cannot run on core {core}; "
+            f"this host has cores 0-{count - 1}"
+        )
+    return core
 
 
 def _bind_cpus(ident: Identity, mode: str) -> None:

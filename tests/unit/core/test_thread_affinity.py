@@ -1,0 +1,64 @@
+"""HOROVOD_THREAD_AFFINITY: one core per local rank for its engine thread; bad values are
+refused with what to give instead."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from harness import run_ranks
+from hora.core.identity import Identity
+from hora.core.runtime import engine_core
+
+
+def _ident(local_rank: int, local_size: int) -> Identity:
+    return Identity(rank=local_rank, size=local_size, local_rank=local_rank,
+                    local_size=local_size, cross_rank=0, cross_size=1, hostname="h")  # fmt: skip
+
+
+def test_each_local_rank_takes_its_core() -> None:
+    assert engine_core(_ident(0, 2), "") is None
+    assert engine_core(_ident(0, 2), "1,0") == 1
+    assert engine_core(_ident(1, 2), "1,0") == 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("a,b", "expected core ids separated by commas, one per local rank"),
+        ("0", "names 1 core(s) for 2 local ranks: give one core id per local rank"),
+        ("0,100000", "local rank 1 cannot run on core 100000; this host has cores 0-"),
+    ],
+)
+def test_bad_values_say_what_to_give(spec: str, says: str) -> None:
+    with pytest.raises(ValueError, match="HOROVOD_THREAD_AFFINITY") as info:
+        engine_core(_ident(1, 2), spec)
+    assert says in str(info.value)
+
+
+def _pinned(rank: int) -> dict[str, Any]:
+    import os
+
+    import hora
+    from hora.core.runtime import runtime
+
+    hora.init()
+    try:
+        total = hora.allreduce(__import__("numpy").ones(4), op=hora.Sum)
+        engine = sorted(os.sched_getaffinity(runtime().engine.thread_id))
+        return {"engine": engine, "main": sorted(os.sched_getaffinity(0)), "sum": float(total[0])}
+    finally:
+        hora.shutdown()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin ranks to")
+def test_two_local_ranks_pin_their_engine_threads() -> None:
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    env = {"HOROVOD_THREAD_AFFINITY": f"{b},{a}", "HORA_CPU_BIND": "none"}
+    results = run_ranks(_pinned, 2, env=env, timeout=50)
+    assert [r["engine"] for r in results] == [[b], [a]]
+    assert all(r["sum"] == 2.0 for r in results)
+    assert all(len(r["main"]) >= 2 for r in results)  # only the engine thread was pinned
