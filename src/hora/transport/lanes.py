@@ -21,6 +21,13 @@ from hora.errors import TransportError
 JOIN_TIMEOUT = 5.0  # seconds a closing pair waits for its lane threads to end
 
 
+def join_thread(thread: threading.Thread | None, timeout: float = JOIN_TIMEOUT) -> None:
+    """Wait up to ``timeout`` for a pair's ``thread`` to end (none, or the caller's own: no-op),
+    so that no daemon thread of a closed pair still runs when the interpreter exits."""
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout)
+
+
 class Completion:
     """Completion of one operation; ``wait`` re-raises the transport error."""
 
@@ -90,13 +97,10 @@ class Lane:
             self._closed = True
             self._queue.put(None)
 
-    def join(self, timeout: float = JOIN_TIMEOUT) -> None:
+    def join(self) -> None:
         """After ``close`` (and after the owner closed what the operations block on): wait for
-        the thread to end, so that no daemon thread of a closed pair is still running when the
-        interpreter exits. A no-op on the lane's own thread."""
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        the thread to end (:func:`join_thread`)."""
+        join_thread(self._thread)
 
     def _loop(self) -> None:
         while self._run(self._queue.get()):

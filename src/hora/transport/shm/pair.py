@@ -43,7 +43,7 @@ import numpy as np
 
 from hora.errors import TransportError
 from hora.transport.base import MAX_MESSAGE, Buffer
-from hora.transport.lanes import JOIN_TIMEOUT, Completion, Lane
+from hora.transport.lanes import Completion, Lane, join_thread
 from hora.transport.shm import cma
 from hora.transport.shm.staging import SLOT_BYTES, SLOTS, Staging
 from hora.transport.tcp.pair import byte_view
@@ -542,9 +542,7 @@ class ShmPair:
             work.finish(self._closed_error())
         self._sender.join()
         self._receiver.join()
-        acker = self._acker
-        if acker is not None and acker is not threading.current_thread():
-            acker.join(JOIN_TIMEOUT)
+        join_thread(self._acker)
 
     def _closed_error(self) -> TransportError:
         return TransportError(str(self._error or f"connection to {self._what} is closed"))
