@@ -295,6 +295,17 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob("gloo_iface", str, "", "GLOO_IFACE", "Network interface to listen on.", None, None, None),
     Knob(
+        "mpi_threads_disable",
+        bool,
+        False,
+        "MPI_THREADS_DISABLE",
+        "Initialise MPI with MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE "
+        "(hvd.mpi_threads_supported() is then False).",
+        "--mpi-threads-disable",
+        None,
+        None,
+    ),
+    Knob(
         "shm_disable",
         bool,
         False,
@@ -387,6 +398,7 @@ class Settings:
     elastic_timeout: float = 600.0
     gloo_timeout_seconds: float = 30.0
     gloo_iface: str = ""
+    mpi_threads_disable: bool = False
     shm_disable: bool = False
     liveness_timeout_seconds: float = 5.0
     cpu_bind: str = "auto"

@@ -121,6 +121,31 @@ def test_hora_run_mpi(tmp_path: Path) -> None:
     check_sets_and_flags(_run(argv, SETS, 2, tmp_path, {}, 150), "mpi", "MpiBackend")
 
 
+THREADS = """
+import numpy as np
+import hora as hvd
+hvd.init()
+put({"threads": hvd.mpi_threads_supported(), "backend": hvd.mpi_enabled(),
+     "sum": hvd.allreduce(np.ones(2), op=hvd.Sum).tolist()})
+hvd.shutdown()
+"""
+
+
+@pytest.mark.timeout(200)
+def test_mpi_threads_disable_starts_mpi_serialized(tmp_path: Path) -> None:
+    hora = shutil.which("hora")
+    if hora is None:
+        pytest.skip("the hora command is not on PATH (pip install -e .)")
+    runs = {}
+    for level, flags in (("multiple", []), ("serialized", ["--mpi-threads-disable"])):
+        (tmp_path / level).mkdir()
+        argv = [hora, "run", "--mpi", "-np", "2", *flags]
+        runs[level] = _run(argv, THREADS, 2, tmp_path / level, {}, 150)
+    for level, want in (("multiple", True), ("serialized", False)):
+        for out in runs[level]:
+            assert out == {"threads": want, "backend": True, "sum": [2.0, 2.0]}, (level, out)
+
+
 SUBCOMM = """
 import numpy as np
 from mpi4py import MPI

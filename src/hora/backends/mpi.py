@@ -17,7 +17,8 @@ the address and a fresh secret with ``bcast``.
 
 Threads: ``bootstrap`` and the constructor run in the user thread during ``init``; every other
 method runs on the engine thread only. Needs MPI initialised with at least
-``MPI_THREAD_SERIALIZED`` (mpi4py asks for ``MPI_THREAD_MULTIPLE``). Not thread-safe.
+``MPI_THREAD_SERIALIZED``: mpi4py asks for ``MPI_THREAD_MULTIPLE``, or for ``SERIALIZED`` under
+``HOROVOD_MPI_THREADS_DISABLE`` when this module starts MPI. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -28,8 +29,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import mpi4py
 import numpy as np
-from mpi4py import MPI
+
+from hora.settings import load
+
+if load().mpi_threads_disable:  # before MPI starts: the engine thread still needs SERIALIZED
+    mpi4py.rc.thread_level = "serialized"
+from mpi4py import MPI  # noqa: E402 - after the thread level is chosen
 
 from hora.backends.base import SetComm
 from hora.backends.registry import BackendContext

@@ -38,7 +38,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 # Flags accepted for compatibility that hora does not act on yet: flag -> what hora says.
 UNSUPPORTED: dict[str, str] = {
     "--disable-cache": "hora does not cache the ssh and interface checks; they run every launch",
-    "--mpi-threads-disable": "not supported yet; ignored",
     "--tcp": "not supported yet; hora's native backend always uses TCP between hosts",
     "--binding-args": "not supported yet; ignored",
     "--num-nccl-streams": "not supported yet; ignored",
@@ -103,7 +102,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="put the time before each output line's [rank] prefix",
     )
-    for flag in ("--disable-cache", "--mpi-threads-disable", "--tcp"):
+    for flag in ("--disable-cache", "--tcp"):
         g.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
 
     h = _group(parser, "hosts", "hora run -np 4 -H server1:2,server2:2 python train.py")
