@@ -39,7 +39,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 UNSUPPORTED: dict[str, str] = {
     "--disable-cache": "hora does not cache the ssh and interface checks; they run every launch",
     "--tcp": "not supported yet; hora's native backend always uses TCP between hosts",
-    "--binding-args": "not supported yet; ignored",
     "--num-nccl-streams": "not supported yet; ignored",
     "--jsrun": "not supported yet; running with hora's own launcher instead",
 }
@@ -144,7 +143,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     cx.add_argument("--jsrun", action="store_true", default=None, help=argparse.SUPPRESS)
     c.add_argument("--mpi-args", help="extra arguments for mpirun (with --mpi)")
-    c.add_argument("--binding-args", help=argparse.SUPPRESS)
+    c.add_argument(
+        "--binding-args",
+        help="with --mpi: mpirun's binding and mapping arguments, instead of hora's default "
+        "'-bind-to none -map-by slot' (e.g. '--bind-to core --map-by socket')",
+    )
     c.add_argument("--num-nccl-streams", type=int, help=argparse.SUPPRESS)
 
     groups = {key: _group(parser, *value) for key, value in _SECTION_TITLES.items()}
@@ -275,6 +278,7 @@ def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) ->
         prefix_timestamp=bool(pick("prefix_timestamp", args.prefix_output_with_timestamp, False)),
         disable_cache=bool(args.disable_cache),
         mpi_args=str(pick("mpi_args", args.mpi_args, "")),
+        binding_args=args.binding_args or "",
         settings=resolve_settings(env, file_knobs, flag_knobs),
         env=env,
     )

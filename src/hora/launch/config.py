@@ -51,6 +51,7 @@ class LaunchConfig:
     prefix_timestamp: bool = False
     disable_cache: bool = False
     mpi_args: str = ""
+    binding_args: str = ""  # with --mpi: mpirun's binding and mapping, instead of hora's default
     settings: Settings = field(default_factory=Settings)
     env: dict[str, str] | None = None  # base environment for workers; None: os.environ
     grace_seconds: float = 5.0  # between SIGTERM and SIGKILL when stopping workers

@@ -48,11 +48,9 @@ def command(
         str(config.np),
         "-H",
         ",".join(f"{h}:{n}" for h, n in per_host.items()),
-        "-bind-to",
-        "none",
-        "-map-by",
-        "slot",
     ]
+    # --binding-args replaces the default placement: ranks in slot order, not bound
+    argv += shlex.split(config.binding_args) or ["-bind-to", "none", "-map-by", "slot"]
     if interfaces:
         argv += ["-mca", "btl_tcp_if_include", ",".join(interfaces)]
     rsh = ssh_options.rsh_args()

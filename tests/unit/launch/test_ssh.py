@@ -74,3 +74,8 @@ def test_mpirun_command_forwards_names_not_values() -> None:
     assert "deadbeef" not in " ".join(argv)
     assert argv[-4:] == ["foo", "1", "python", "t.py"]
     assert argv[argv.index("--output-filename") + 1] == "logs"
+    binding = "--bind-to core --map-by socket"
+    bound = LaunchConfig(command=["python", "t.py"], np=3, binding_args=binding)
+    argv = mpirun.command(bound, slots, env, SshOptions(port=22), [], mpirun="mpirun")
+    assert argv[7:11] == ["--bind-to", "core", "--map-by", "socket"]
+    assert "-bind-to" not in argv and "slot" not in argv
