@@ -119,26 +119,22 @@ def read_spans(pid: int, local: list[Span], remote: list[Span]) -> None:
     if len(local) == 1 and len(remote) == 1:
         read_to(pid, local[0][0], local[0][1], remote[0][0])
         return
-    _transfer(_READV, "process_vm_readv", pid, local, remote)
+    transfer(pid, matched(local, remote))
 
 
 def write_spans(pid: int, local: list[Span], remote: list[Span]) -> None:
     """The reverse of :func:`read_spans`: copy ``local`` (spans here) into ``remote`` (spans in
     process ``pid``). Allowed exactly when reading is (the same ptrace check), into memory the
     other process can write."""
-    _transfer(_WRITEV, "process_vm_writev", pid, local, remote)
+    transfer(pid, matched(local, remote), write=True)
 
 
-def _transfer(
-    func: ctypes._CFuncPtr | None,  # type: ignore[name-defined]
-    what: str,
-    pid: int,
-    local: list[Span],
-    remote: list[Span],
-) -> None:
+def transfer(pid: int, pieces: list[tuple[int, int, int]], write: bool = False) -> None:
+    """Copy each ``(local address, remote address, bytes)`` piece from process ``pid`` here,
+    or with ``write`` from here into process ``pid``, batching pieces into few system calls."""
+    func, what = (_WRITEV, "process_vm_writev") if write else (_READV, "process_vm_readv")
     if func is None:
         raise OSError(errno.ENOSYS, f"{what} is not available on this platform")
-    pieces = matched(local, remote)
     k = 0
     while k < len(pieces):
         batch = pieces[k : k + _IOV_BATCH]
