@@ -31,6 +31,7 @@ CSV_COLUMNS = [
     "mean_s",
     "algbw_gbps",
     "busbw_gbps",
+    "cpu_median_s",
 ]
 
 
@@ -163,9 +164,15 @@ def allreduce_table(rows: Sequence[Row]) -> str:
 
 def engine_cost_table(rows: Sequence[Row]) -> str:
     """Per hora backend: the API against the backend called directly (per size), and ResNet-50's
-    tensors against one buffer of the same total size. A/B is the ratio of the medians."""
+    tensors against one buffer of the same total size. A/B is the ratio of the medians; the CPU
+    columns are the CPU time rank 0's process spent per call (median, all its threads), where
+    measured: what A costs beyond B in CPU against what it costs in time tells computing from
+    waiting."""
     by_key = {(r["backend"], r["case"], r["size_bytes"]): r for r in rows}
     body = []
+
+    def cpu(row: Row) -> str:
+        return f"{row['cpu_median_s'] * 1e3:.3f}" if "cpu_median_s" in row else "-"
 
     def add(backend: str, case: str, a: Row, b: Row, a_label: str, b_label: str) -> None:
         am, bm = a["median_s"], b["median_s"]
@@ -178,6 +185,8 @@ def engine_cost_table(rows: Sequence[Row]) -> str:
                 f"{am * 1e3:.3f}",
                 f"{bm * 1e3:.3f}",
                 f"{am / bm:.3f}",
+                cpu(a),
+                cpu(b),
             ]
         )
 
@@ -200,7 +209,7 @@ def engine_cost_table(rows: Sequence[Row]) -> str:
                 f"{a['tensors']} tensors{how}",
                 "one buffer",
             )
-    headers = ["backend", "case", "A", "B", "A p50 ms", "B p50 ms", "A/B"]
+    headers = ["backend", "case", "A", "B", "A p50 ms", "B p50 ms", "A/B", "A cpu ms", "B cpu ms"]
     return format_table(headers, body, left=4)
 
 

@@ -9,14 +9,15 @@ call of each size is checked against the expected sum; the timed calls then run 
 call is timed on its own; a barrier starts every timed batch.
 
 With ``engine_cost`` the hora worker also times, alternating call by call so that both sides
-see the same machine: (a) the API against the native backend's ``allreduce`` called directly
-on the engine's own process-set communicator (the engine is idle in between, so the data
-channel is free), and (b) ResNet-50's gradients as one async allreduce per tensor, submitted
-in backward order and then synchronized, and as one grouped allreduce of the same tensors,
-against one buffer of the same total size (the three take turns). Every buffer of (b) lies on
-4 KiB pages (:func:`small_pages`), as PyTorch's CPU allocator gives them: left to NumPy, the one
-large buffer alone would get transparent huge pages, which make single-copy reads and
-reductions faster whatever the engine does, and the comparison would measure page sizes.
+see the same machine, and with the CPU time rank 0's process spent on each call (every thread
+of it, so the engine's work counts): (a) the API against the native backend's ``allreduce``
+called directly on the engine's own process-set communicator (the engine is idle in between,
+so the data channel is free), and (b) ResNet-50's gradients as one async allreduce per tensor,
+submitted in backward order and then synchronized, and as one grouped allreduce of the same
+tensors, against one buffer of the same total size (the three take turns). Every buffer of
+(b) lies on 4 KiB pages (:func:`small_pages`), as PyTorch's CPU allocator gives them: left to
+NumPy, the one large buffer alone would get transparent huge pages, which make single-copy
+reads and reductions faster whatever the engine does, and the comparison would measure page sizes.
 
 Single-threaded script; nothing here is imported by the rest of hora.
 """
@@ -88,19 +89,24 @@ def time_batch(call: Call, iters: int, warmup: int, barrier: Call) -> list[float
 
 def time_alternating(
     calls: Sequence[Call], iters: int, warmup: int, barrier: Call
-) -> list[list[float]]:
-    """Like :func:`time_batch` for several calls, taking turns so that all see the same noise."""
+) -> list[tuple[list[float], list[float]]]:
+    """Like :func:`time_batch` for several calls, taking turns so that all see the same noise.
+
+    Per call: the wall-clock seconds of each timed call, and the CPU seconds this process
+    (every thread of it: the engine's too) spent meanwhile.
+    """
     for _ in range(warmup):
         for call in calls:
             call()
     barrier()
-    times: list[list[float]] = [[] for _ in calls]
+    out: list[tuple[list[float], list[float]]] = [([], []) for _ in calls]
     for _ in range(iters):
-        for call, out in zip(calls, times):
-            t0 = time.perf_counter()
+        for call, (wall, cpu) in zip(calls, out):
+            c0, t0 = time.process_time(), time.perf_counter()
             call()
-            out.append(time.perf_counter() - t0)
-    return times
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    return out
 
 
 def stats(times: list[float]) -> dict[str, float]:
@@ -120,7 +126,13 @@ class Sink:
         self.path, self.rank, self.backend = path, rank, backend
 
     def put(
-        self, case: str, size_bytes: int, tensors: int, warmup: int, times: list[float]
+        self,
+        case: str,
+        size_bytes: int,
+        tensors: int,
+        warmup: int,
+        times: list[float],
+        cpu: list[float] | None = None,
     ) -> None:
         if self.rank != 0:
             return
@@ -133,6 +145,8 @@ class Sink:
             "warmup": warmup,
             **stats(times),
         }
+        if cpu is not None:  # rank 0's process CPU per call (median), every thread counted
+            row["cpu_median_s"] = float(np.median(cpu))
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -199,8 +213,8 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
             warmup,
             hvd.barrier,
         )
-        sink.put("api", nbytes, 1, warmup, api)
-        sink.put("direct", nbytes, 1, warmup, direct)
+        sink.put("api", nbytes, 1, warmup, *api)
+        sink.put("direct", nbytes, 1, warmup, *direct)
 
     shapes = resnet50_shapes()[::-1]  # gradients become ready from the last layer back
     grads = [small_pages(s) for s in shapes]
@@ -228,9 +242,9 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
         warmup,
         hvd.barrier,
     )
-    sink.put("resnet50", total * 4, len(grads), warmup, many_t)
-    sink.put("resnet50 grouped", total * 4, len(grads), warmup, grouped_t)
-    sink.put("one buffer", total * 4, 1, warmup, one_t)
+    sink.put("resnet50", total * 4, len(grads), warmup, *many_t)
+    sink.put("resnet50 grouped", total * 4, len(grads), warmup, *grouped_t)
+    sink.put("one buffer", total * 4, 1, warmup, *one_t)
 
 
 def run_gloo(plan: dict[str, Any]) -> None:

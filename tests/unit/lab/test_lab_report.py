@@ -109,8 +109,8 @@ def test_allreduce_table_aligns_columns_and_shows_ratios() -> None:
 def test_engine_cost_table() -> None:
     rows = report.with_bandwidth(
         [
-            _row("hora", 1 << 20, 1.1e-3, case="api"),
-            _row("hora", 1 << 20, 1.0e-3, case="direct"),
+            {**_row("hora", 1 << 20, 1.1e-3, case="api"), "cpu_median_s": 0.9e-3},
+            {**_row("hora", 1 << 20, 1.0e-3, case="direct"), "cpu_median_s": 0.8e-3},
             _row("hora", 102228128, 0.12, case="resnet50", tensors=161),
             _row("hora", 102228128, 0.11, case="resnet50 grouped", tensors=161),
             _row("hora", 102228128, 0.10, case="one buffer"),
@@ -133,12 +133,15 @@ def test_engine_cost_table() -> None:
         "1.100",
         "1.000",
         "1.100",
+        "0.900",  # CPU per call, where the worker measured it
+        "0.800",
     ]
-    assert cells[1][:3] == ["hora", "ResNet-50", "97.49"] and cells[1][-1] == "1.200"
+    assert lines[0].rstrip().endswith("A/B  A cpu ms  B cpu ms")
+    assert cells[1][:3] == ["hora", "ResNet-50", "97.49"] and cells[1][-3:] == ["1.200", "-", "-"]
     assert "161 tensors" in lines[3] and "grouped" not in lines[3]
-    assert cells[2][:3] == ["hora", "ResNet-50", "97.49"] and cells[2][-1] == "1.100"
+    assert cells[2][:3] == ["hora", "ResNet-50", "97.49"] and cells[2][-3] == "1.100"
     assert "161 tensors grouped" in lines[4]
-    assert cells[3][0] == "hora-tcp" and cells[3][-1] == "1.250"
+    assert cells[3][0] == "hora-tcp" and cells[3][-3] == "1.250"
     assert len(cells) == 4
 
 
