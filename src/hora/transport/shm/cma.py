@@ -5,8 +5,8 @@ into its own: one copy, no staging. The kernel allows it when the reader could p
 target (same user, and Yama's ``ptrace_scope`` at 0, or the target allowed it); a container's
 seccomp profile may forbid the call outright. :func:`readable` tells, per peer, by reading a
 probe buffer whose content the peer sent beside its address. The same check allows
-``process_vm_writev`` (:func:`write_spans`), with which a rank that reduced a peer's block
-writes the result straight back into the peer's buffer.
+``process_vm_writev`` (:func:`transfer` with ``write``), with which a rank that reduced a
+peer's block writes the result straight back into the peer's buffer.
 
 The call goes through ``ctypes``, which releases the GIL for its duration. Pure functions;
 thread-safe.
@@ -120,13 +120,6 @@ def read_spans(pid: int, local: list[Span], remote: list[Span]) -> None:
         read_to(pid, local[0][0], local[0][1], remote[0][0])
         return
     transfer(pid, matched(local, remote))
-
-
-def write_spans(pid: int, local: list[Span], remote: list[Span]) -> None:
-    """The reverse of :func:`read_spans`: copy ``local`` (spans here) into ``remote`` (spans in
-    process ``pid``). Allowed exactly when reading is (the same ptrace check), into memory the
-    other process can write."""
-    transfer(pid, matched(local, remote), write=True)
 
 
 def transfer(pid: int, pieces: list[tuple[int, int, int]], write: bool = False) -> None:

@@ -443,7 +443,7 @@ class ShmPair:
                 _fold(fold, offsets, 0, fold[2][:total])
         elif kind in (PULL, PULLV):
             remote = [(addr, total)] if kind == PULL else self._read_spans(chunk, total)
-            self._pull(views, offsets, remote, fold, back)
+            self._pull(views, remote, fold, back)
             self._ack()
         else:
             done = 0
@@ -475,7 +475,6 @@ class ShmPair:
     def _pull(
         self,
         views: list[memoryview],
-        offsets: list[int],
         remote: list[cma.Span],
         fold: Fold | None,
         back: bool = False,
