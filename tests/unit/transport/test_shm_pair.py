@@ -408,17 +408,24 @@ def test_a_pulled_frame_is_cut_into_steps_of_pieces_contiguous_on_both_sides() -
     """How a reducing receive walks a gathered frame: steps of ``step`` bytes (the last one
     shorter), each a list of pieces that never cross a part boundary on either side, covering
     every byte once and in order."""
-    from hora.transport.shm.pair import _steps
+    from hora.transport.shm.cma import matched, steps
 
     local = [(1000, 24), (5000, 8), (9000, 40)]  # three parts here, 72 bytes
     remote = [(100, 16), (300, 56)]  # two parts in the sender, the same 72 bytes
-    steps = list(_steps(local, remote, 32))
-    assert [sum(n for *_, n in s) for s in steps] == [32, 32, 8]
-    pieces = [p for s in steps for p in s]
+    cut = list(steps(local, remote, 32))
+    assert [sum(n for *_, n in s) for s in cut] == [32, 32, 8]
+    pieces = [p for s in cut for p in s]
     assert pieces == [
         (0, 0, 100, 16),  # local part 0 and remote part 0 both start here
         (0, 16, 300, 8),  # local part 0 goes on; remote part 1 starts
         (1, 0, 308, 8),  # the first step ends with local part 1
         (2, 0, 316, 32),  # local part 2 spans two steps
         (2, 32, 348, 8),
+    ]
+    # matched: the same walk in one step, as (local address, remote address, bytes)
+    assert matched(local, remote) == [
+        (1000, 100, 16),
+        (1016, 300, 8),
+        (5000, 308, 8),
+        (9000, 316, 40),
     ]

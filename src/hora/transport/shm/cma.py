@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 from array import array
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -93,24 +94,41 @@ Span = tuple[int, int]  # (address, bytes)
 _IOV_BATCH = 512  # pieces per system call (the kernel takes up to IOV_MAX = 1024)
 
 
-def matched(local: list[Span], remote: list[Span]) -> list[tuple[int, int, int]]:
-    """Cut two scatter lists of equal total into pieces contiguous on both sides:
-    ``(local address, remote address, bytes)``, in order."""
-    out: list[tuple[int, int, int]] = []
-    i = j = 0
-    lo = ro = 0  # bytes already used of local[i] / remote[j]
+def steps(
+    local: list[Span], remote: list[Span], step: int
+) -> Iterator[list[tuple[int, int, int, int]]]:
+    """Two scatter lists of equal total (spans here, spans in the other process), cut into steps
+    of ``step`` bytes (the last one shorter): each step is the list of its pieces contiguous on
+    both sides, in order, as ``(local span index, offset in it, remote address, bytes)``."""
+    i = j = lo = ro = 0  # lo / ro: bytes already used of local[i] / remote[j]
+    pieces: list[tuple[int, int, int, int]] = []
+    left = step
     while i < len(local) and j < len(remote):
-        (la, ln), (ra, rn) = local[i], remote[j]
-        n = min(ln - lo, rn - ro)
+        (_, ln), (ra, rn) = local[i], remote[j]
+        n = min(ln - lo, rn - ro, left)
         if n:
-            out.append((la + lo, ra + ro, n))
-        lo += n
-        ro += n
+            pieces.append((i, lo, ra + ro, n))
+        lo, ro, left = lo + n, ro + n, left - n
         if lo == ln:
             i, lo = i + 1, 0
         if ro == rn:
             j, ro = j + 1, 0
-    return out
+        if not left:
+            yield pieces
+            pieces, left = [], step
+    if pieces:
+        yield pieces
+
+
+def matched(local: list[Span], remote: list[Span]) -> list[tuple[int, int, int]]:
+    """Cut two scatter lists of equal total into pieces contiguous on both sides:
+    ``(local address, remote address, bytes)``, in order (:func:`steps` in one step)."""
+    total = sum(n for _, n in local)
+    return [
+        (local[i][0] + off, there, n)
+        for pieces in steps(local, remote, max(total, 1))
+        for i, off, there, n in pieces
+    ]
 
 
 def read_spans(pid: int, local: list[Span], remote: list[Span]) -> None:

@@ -35,7 +35,7 @@ import socket
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -105,32 +105,6 @@ def _fold(fold: Fold, offsets: list[int], start: int, incoming: np.ndarray) -> N
         per = arr.itemsize
         reduce(arr[off // per : (off + n) // per], incoming[at : at + n].view(arr.dtype))
         at += n
-
-
-def _steps(
-    local: list[cma.Span], remote: list[cma.Span], step: int
-) -> Iterator[list[tuple[int, int, int, int]]]:
-    """A frame read from ``remote`` (spans in the sender) into ``local`` (spans here, the same
-    total), cut into steps of ``step`` bytes: each step is the list of its pieces contiguous on
-    both sides, as ``(local part, offset in it, remote address, bytes)``."""
-    i = j = lo = ro = 0
-    pieces: list[tuple[int, int, int, int]] = []
-    left = step
-    while i < len(local) and j < len(remote):
-        (_, ln), (ra, rn) = local[i], remote[j]
-        n = min(ln - lo, rn - ro, left)
-        if n:
-            pieces.append((i, lo, ra + ro, n))
-        lo, ro, left = lo + n, ro + n, left - n
-        if lo == ln:
-            i, lo = i + 1, 0
-        if ro == rn:
-            j, ro = j + 1, 0
-        if not left:
-            yield pieces
-            pieces, left = [], step
-    if pieces:
-        yield pieces
 
 
 def _inline(total: int, views: list[memoryview]) -> list[bytes | memoryview]:
@@ -490,7 +464,7 @@ class ShmPair:
             arrays, reduce, tmp = fold
             per = arrays[0].itemsize
             base = tmp.ctypes.data
-            for pieces in _steps(local, remote, REDUCE_CHUNK - REDUCE_CHUNK % per):
+            for pieces in cma.steps(local, remote, REDUCE_CHUNK - REDUCE_CHUNK % per):
                 at, reads = 0, []
                 for _, _, there, n in pieces:
                     reads.append((base + at, there, n))
