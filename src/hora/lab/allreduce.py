@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from hora.lab import report
+from hora.lab import envreport, report
 
 log = logging.getLogger("hora.lab")
 
@@ -134,7 +134,9 @@ class BenchResult:
     skipped: dict[str, str]  # backend -> why it did not run
 
     def title(self) -> str:
-        return f"allreduce float32 Sum, np={self.meta['np']}, {self.meta['host']}"
+        title = f"allreduce float32 Sum, np={self.meta['np']}, {self.meta['host']}"
+        copy = self.meta.get("memory_copy")
+        return f"{title}, memory copy {copy} per core" if copy else title
 
 
 class BackendFailed(RuntimeError):
@@ -328,6 +330,7 @@ def run_allreduce_bench(
     meta = {
         "np": config.np,
         "host": f"{socket.gethostname()} ({os.cpu_count()} CPUs)",
+        "memory_copy": envreport.copy_speed(),
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "versions": {d: _version(d) for d in ("hora", "numpy", "torch", "mpi4py")},

@@ -1,12 +1,13 @@
 """The hardware and software environment of a benchmark, collected from the machine itself.
 
-:func:`collect` describes the host it runs on (CPU, memory, GPUs and how they are connected,
-NICs with their speed, RDMA devices, OS, kernel, GPU driver, Python, torch, CUDA, NCCL, MPI,
-hora) as a flat ``key -> text`` dict, JSON-ready; :mod:`hora.lab.scaling` runs it on every
-server of a run through the launcher. :func:`environment_table` turns one such dict per server
-into the table the scaling lab asks for. Sources: ``/proc``, ``/sys/class/net``,
-``/sys/class/infiniband``, ``/etc/os-release``, ``nvidia-smi`` (GPUs, ``topo -m``), ``lspci``
-and ``mpirun --version`` when present (each command with a timeout), package metadata.
+:func:`collect` describes the host it runs on (CPU, memory and one core's copy speed, GPUs and
+how they are connected, NICs with their speed, RDMA devices, OS, kernel, GPU driver, Python,
+torch, CUDA, NCCL, MPI, hora) as a flat ``key -> text`` dict, JSON-ready;
+:mod:`hora.lab.scaling` runs it on every server of a run through the launcher.
+:func:`environment_table` turns one such dict per server into the table the scaling lab asks
+for. Sources: ``/proc``, ``/sys/class/net``, ``/sys/class/infiniband``, ``/etc/os-release``,
+``nvidia-smi`` (GPUs, ``topo -m``), ``lspci`` and ``mpirun --version`` when present (each
+command with a timeout), package metadata, and one timed 64 MiB copy.
 Anything unreadable reads "unknown" or "none", never an error.
 
 Pure functions apart from reading the system; thread-safe.
@@ -19,10 +20,13 @@ import platform
 import re
 import socket
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+
+import numpy as np
 
 # (section, label, key); "servers" is filled in by environment_table
 ROWS: list[tuple[str, str, str]] = [
@@ -31,6 +35,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("hardware", "CPU model", "cpu"),
     ("hardware", "CPU cores", "cores"),
     ("hardware", "memory", "memory"),
+    ("hardware", "memory copy, one core", "copy_speed"),
     ("hardware", "GPU model and count", "gpu"),
     ("hardware", "GPU interconnect", "gpu_interconnect"),
     ("hardware", "NICs (model, speed)", "nics"),
@@ -108,6 +113,21 @@ def cpu() -> tuple[str, str]:
 def memory() -> str:
     found = re.search(r"^MemTotal:\s*(\d+) kB", _read("/proc/meminfo") or "", re.M)
     return f"{int(found.group(1)) / 2**20:.1f} GiB" if found else "unknown"
+
+
+def copy_speed(nbytes: int = 64 << 20, rounds: int = 5) -> str:
+    """One core's memory copy speed at this moment, e.g. ``"10.4 GB/s"``: the best of ``rounds``
+    copies of ``nbytes``. Shared virtual machines can be half as fast one hour as the next; this
+    says which kind of hour a run had, so figures from two runs can be told apart."""
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault in both buffers' pages before timing
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return f"{nbytes / best / 1e9:.1f} GB/s"
 
 
 def gpus() -> tuple[str, str, str]:
@@ -247,6 +267,7 @@ def collect() -> dict[str, str]:
         "cpu": cpu_model,
         "cores": cores,
         "memory": memory(),
+        "copy_speed": copy_speed(),
         "gpu": gpu,
         "gpu_interconnect": links,
         "nics": nics(),

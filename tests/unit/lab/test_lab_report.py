@@ -181,6 +181,13 @@ def test_render_lists_skipped_backends() -> None:
     assert text.rstrip().endswith("skipped mpi: mpi4py is not installed")
 
 
+def test_title_names_the_memory_copy_speed_when_measured() -> None:
+    meta = {"np": 2, "host": "box (2 CPUs)", "memory_copy": "5.7 GB/s"}
+    assert BenchResult(meta, ROWS, {}).title() == (
+        "allreduce float32 Sum, np=2, box (2 CPUs), memory copy 5.7 GB/s per core"
+    )
+
+
 def test_best_of_keeps_the_fastest_round_per_measurement() -> None:
     rounds = [
         _row("hora", 4096, 3e-4, round=1),

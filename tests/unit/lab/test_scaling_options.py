@@ -168,6 +168,8 @@ def test_collect_describes_this_host() -> None:
     assert all(isinstance(v, str) and v for v in env.values())
     assert "logical" in env["cores"] and env["python"].count(".") == 2
     assert env["framework"].startswith("torch ")
+    speed, unit = env["copy_speed"].split()
+    assert unit == "GB/s" and float(speed) > 0.1  # any machine copies faster than 100 MB/s
 
 
 def test_rounds_keep_each_configurations_best_and_record_failures(
