@@ -13,7 +13,7 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-# benchmark name -> (module, one-line summary)
+# benchmark name -> (module, one-line summary); a module's EXAMPLES text ends its --help
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "allreduce": (
         "hora.lab.allreduce",
@@ -31,8 +31,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add one sub-command per benchmark to ``parser`` (``hora bench``'s parser)."""
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     for name, (module, summary) in BENCHMARKS.items():
-        child = sub.add_parser(name, help=summary, description=summary)
-        importlib.import_module(module).configure(child)
+        bench = importlib.import_module(module)
+        child = sub.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            epilog=getattr(bench, "EXAMPLES", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        bench.configure(child)
 
 
 def command(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -44,6 +44,16 @@ DEFAULT_BACKENDS = ("hora", "gloo", "mpi")
 HORA_VARIANTS: dict[str, dict[str, str]] = {"hora": {}, "hora-tcp": {"HORA_SHM_DISABLE": "1"}}
 DEFAULT_SIZES = [4 * 4**k * 1024 for k in range(0, 9, 2)]  # 4 KiB, 64 KiB, 1 MiB, 16, 256 MiB
 ENGINE_COST_MIN_BYTES = 1 << 20
+EXAMPLES = """examples:
+  hora bench allreduce                      hora, Gloo and Open MPI, 4 KiB to 256 MiB, np=2
+  hora bench allreduce --backends hora,hora-tcp,gloo,mpi --engine-cost
+                                            also TCP alone, and the engine's own cost
+  hora bench allreduce --np 4 --repeat 3 --csv ar.csv --plot ar.png
+                                            4 ranks, best of 3 rounds, files to keep
+  HOROVOD_FUSION_THRESHOLD=0 hora bench allreduce --backends hora
+                                            knobs in the environment reach hora's ranks
+
+Compare ratios within one run: the title names this machine's memory copy speed now."""
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 _SIZE = re.compile(r"^(\d+)\s*([KMG]?)(?:I?B)?$")
 
@@ -469,9 +479,3 @@ def command(args: argparse.Namespace) -> int:
     sys.stdout.write(render(result))
     return 0 if result.rows else 1
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hora.lab.allreduce``-style entry: parse ``argv`` and run."""
-    parser = argparse.ArgumentParser(prog="python -m hora.lab allreduce", description=__doc__)
-    configure(parser)
-    return command(parser.parse_args(argv))

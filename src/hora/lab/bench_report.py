@@ -30,6 +30,11 @@ from hora.lab import envreport, report
 Row = dict[str, Any]
 Table = tuple[list[str], list[list[str]]]
 RESULTS = "results.json"
+EXAMPLES = """examples:
+  hora bench report results/                   print the tables, redraw the plots
+  hora bench report before/ after/             side by side: comparison.md and .png with --out
+  hora bench report before/ after/ --fail-below 0.9
+                                               exit 1 if a configuration lost over 10%"""
 CSV_COLUMNS = [
     "model", "backend", "servers", "per_server", "np", "hosts", "batch_size", "steps", "warmup",
     "step_mean_s", "step_std_s", "step_p50_s", "step_p90_s", "data_s", "compute_s", "wait_s",

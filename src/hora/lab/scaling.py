@@ -45,6 +45,13 @@ from hora.launch.hosts import HostSlots, parse_hostfile, parse_hosts
 log = logging.getLogger("hora.lab")
 
 BACKENDS = ("native", "gloo", "mpi", "nccl")
+EXAMPLES = """examples:
+  hora bench scaling                        cnn, every backend, 1 and 2 processes here
+  hora bench scaling --model cnn --backends native,gloo,mpi --np 1,2,4 --out results/
+  hora bench scaling --model all --np 1,2 --repeat 3 --out results/
+  hora bench scaling --model mlp,lstm --np 1,2,4 -H server1:2,server2:2 --out results/
+                                            across servers, over ssh as hora run does
+  hora bench report results/                tables and plots again from a saved run"""
 
 
 def parse_names(text: str, known: Sequence[str], what: str) -> list[str]:

@@ -146,6 +146,18 @@ def test_bench_parser_has_every_benchmark() -> None:
     assert bench.config_from_args(args).sizes == [4096]
 
 
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_every_benchmarks_help_ends_with_examples_of_itself(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser(prog="hora bench")
+    configure(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args([name, "--help"])
+    examples = capsys.readouterr().out.split("\nexamples:\n")[1]
+    assert f"hora bench {name}" in examples.splitlines()[0]
+
+
 def test_resnet50_shapes_match_the_real_network() -> None:
     shapes = resnet50_shapes()
     assert len(shapes) == 161
