@@ -7,7 +7,7 @@ torch, CUDA, NCCL, MPI, hora) as a flat ``key -> text`` dict, JSON-ready;
 :func:`environment_table` turns one such dict per server into the table the scaling lab asks
 for. Sources: ``/proc``, ``/sys/class/net``, ``/sys/class/infiniband``, ``/etc/os-release``,
 ``nvidia-smi`` (GPUs, ``topo -m``), ``lspci`` and ``mpirun --version`` when present (each
-command with a timeout), package metadata, and one timed 64 MiB copy.
+command with a timeout), package metadata, and timed 64 MiB copies.
 Anything unreadable reads "unknown" or "none", never an error.
 
 Pure functions apart from reading the system; thread-safe.
