@@ -145,7 +145,7 @@ class BenchResult:
 
     def title(self) -> str:
         title = f"allreduce float32 Sum, np={self.meta['np']}, {self.meta['host']}"
-        copy = self.meta.get("memory_copy")
+        copy = self.meta.get("copy_speed")
         return f"{title}, memory copy {copy} per core" if copy else title
 
 
@@ -340,7 +340,7 @@ def run_allreduce_bench(
     meta = {
         "np": config.np,
         "host": f"{socket.gethostname()} ({os.cpu_count()} CPUs)",
-        "memory_copy": envreport.copy_speed(),
+        "copy_speed": envreport.copy_speed(),
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "versions": {d: _version(d) for d in ("hora", "numpy", "torch", "mpi4py")},

@@ -182,7 +182,7 @@ def test_render_lists_skipped_backends() -> None:
 
 
 def test_title_names_the_memory_copy_speed_when_measured() -> None:
-    meta = {"np": 2, "host": "box (2 CPUs)", "memory_copy": "5.7 GB/s"}
+    meta = {"np": 2, "host": "box (2 CPUs)", "copy_speed": "5.7 GB/s"}
     assert BenchResult(meta, ROWS, {}).title() == (
         "allreduce float32 Sum, np=2, box (2 CPUs), memory copy 5.7 GB/s per core"
     )
