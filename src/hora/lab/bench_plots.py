@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hora.lab.bench_report import Row, ScalingResult, config_key, derive
+from hora.lab.bench_results import Row, ScalingResult, config_key, derive
 
 COLORS = {"native": "tab:blue", "gloo": "tab:orange", "mpi": "tab:green", "nccl": "tab:red"}
 PHASE_COLORS = {"compute": "tab:blue", "comm wait": "tab:red", "data": "tab:gray"}

@@ -1,10 +1,7 @@
-"""Scaling-lab results: the numbers derived from raw step times, the lab's tables, files, and
-``hora bench report DIR [DIR2]``.
+"""Scaling-lab results shown: the lab's tables, its files, and ``hora bench report DIR [DIR2]``.
 
-A row is one configuration (model x backend x servers x processes per server) as
-:func:`summarize` makes it from every rank's phase times; :func:`derive` adds the speedup over
-one process of the same model and backend (throughput ratio) and the scaling efficiency
-(speedup / processes). The tables are ``(headers, body)`` pairs rendered as aligned text for the
+The rows, one per configuration, come from :mod:`hora.lab.bench_results` (:func:`summarize`,
+:func:`derive`). The tables are ``(headers, body)`` pairs rendered as aligned text for the
 terminal (:func:`hora.lab.report.format_table`) or as Markdown. :func:`save` writes a result
 folder (``results.json``, ``results.csv``, ``tables.md``, PNG plots), :func:`load` reads it
 back, and :func:`compare_table` puts two results side by side with their throughput ratios.
@@ -18,16 +15,15 @@ import argparse
 import csv
 import io
 import json
-import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hora.lab import envreport, report
+from hora.lab import bench_plots, envreport, report
+from hora.lab.bench_results import Row, ScalingResult, config_key, derive
 
-Row = dict[str, Any]
 Table = tuple[list[str], list[list[str]]]
 RESULTS = "results.json"
 EXAMPLES = """examples:
@@ -41,64 +37,6 @@ CSV_COLUMNS = [
     "update_s", "comm_share", "throughput", "speedup", "efficiency", "params", "grad_bytes",
     "wall_s",
 ]  # fmt: skip
-PHASES = ("data", "compute", "wait", "update")
-
-
-@dataclass
-class ScalingResult:
-    """Everything one ``hora bench scaling`` run produced (what ``results.json`` holds)."""
-
-    meta: dict[str, Any]
-    environment: list[dict[str, str]]  # one envreport.collect() per server
-    rows: list[Row]
-    skipped: dict[str, str] = field(default_factory=dict)  # backend -> why it did not run
-    failed: list[dict[str, Any]] = field(default_factory=list)  # configurations that failed
-
-    def models(self) -> list[str]:
-        return list(dict.fromkeys(r["model"] for r in self.rows))
-
-
-def summarize(ranks: Sequence[dict[str, Any]], config: dict[str, Any]) -> Row:
-    """One configuration's row from every rank's :func:`hora.lab.train_worker.train` result.
-
-    A step lasts as long as its slowest rank; throughput is ``np * batch / mean step time``;
-    phase times are means over ranks and steps; ``comm_share`` is wait / step.
-    """
-    if not ranks or any(len(r["compute_s"]) != len(ranks[0]["compute_s"]) for r in ranks):
-        raise ValueError("every rank must report the same number of steps")
-    per_rank = [[sum(ph) for ph in zip(*(r[f"{p}_s"] for p in PHASES))] for r in ranks]
-    steps = [max(times) for times in zip(*per_rank)]
-    phase = {f"{p}_s": statistics.fmean(v for r in ranks for v in r[f"{p}_s"]) for p in PHASES}
-    mean = statistics.fmean(steps)
-    quantiles = statistics.quantiles(steps, n=10, method="inclusive") if len(steps) > 1 else []
-    np_ = len(ranks)
-    return {
-        **config,
-        "np": np_,
-        "step_times_s": steps,
-        "step_mean_s": mean,
-        "step_std_s": statistics.stdev(steps) if len(steps) > 1 else 0.0,
-        "step_p50_s": statistics.median(steps),
-        "step_p90_s": quantiles[-1] if quantiles else steps[0],
-        **phase,
-        "comm_share": phase["wait_s"] / sum(phase.values()),
-        "throughput": np_ * config["batch_size"] / mean,
-        "params": ranks[0]["params"],
-        "grad_bytes": ranks[0]["grad_bytes"],
-        "backend_used": ranks[0]["backend"],
-    }
-
-
-def derive(rows: Sequence[Row]) -> list[Row]:
-    """Copies with ``speedup`` (throughput over one process, same model and backend) and
-    ``efficiency`` (speedup / np); both None when that backend has no one-process run."""
-    base = {(r["model"], r["backend"]): r["throughput"] for r in rows if r["np"] == 1}
-    out = []
-    for r in rows:
-        b = base.get((r["model"], r["backend"]))
-        speedup = r["throughput"] / b if b else None
-        out.append({**r, "speedup": speedup, "efficiency": speedup / r["np"] if speedup else None})
-    return out
 
 
 def _ratio(value: float | None, digits: int = 2) -> str:
@@ -175,11 +113,6 @@ def model_table(rows: Sequence[Row], backends: Sequence[str] = ()) -> Table:
                 _percent(r["efficiency"]),
             ])  # fmt: skip
     return headers, body
-
-
-def config_key(r: Row) -> tuple[str, str, int, int]:
-    """What identifies a configuration across runs: model, backend, servers, per server."""
-    return r["model"], r["backend"], r["servers"], r["per_server"]
 
 
 def compare_table(a: ScalingResult, b: ScalingResult, fail_below: float = 0.0) -> tuple[Table, int]:
@@ -301,8 +234,6 @@ def to_csv(rows: Sequence[Row]) -> str:
 
 def save(result: ScalingResult, folder: str | Path, plots: bool = True) -> list[Path]:
     """Write results.json, results.csv, tables.md and (``plots``) the PNGs; the paths written."""
-    from hora.lab import bench_plots
-
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / RESULTS, out / "results.csv", out / "tables.md"]
@@ -353,8 +284,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     """Print the tables again (one folder) or the comparison (two); 2 for bad input."""
-    from hora.lab import bench_plots
-
     try:
         if len(args.dirs) > 2:
             raise ValueError(f"give one or two result folders, not {len(args.dirs)}")

@@ -4,7 +4,7 @@ For every model x backend x placement (processes per server x servers), it launc
 training benchmark (:func:`hora.lab.train_worker.train`) through :func:`hora.run`, and turns
 every rank's step times into a row: mean step time with its spread, throughput, speedup over
 one process, scaling efficiency and the share of a step spent waiting on communication
-(:mod:`hora.lab.bench_report`). Backends that cannot run here are reported as skipped with the
+(:mod:`hora.lab.bench_results`). Backends that cannot run here are reported as skipped with the
 reason; configurations that fail are reported with theirs. A progress bar on stderr says which
 configuration runs and how far it is; a line is printed per finished configuration. The
 environment of every server is collected (:mod:`hora.lab.envreport`). The tables go to stdout;
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from hora.errors import LaunchError
-from hora.lab import bench_report, envreport
-from hora.lab.bench_report import Row, ScalingResult
+from hora.lab import bench_report, bench_results, envreport
+from hora.lab.bench_results import Row, ScalingResult
 from hora.lab.train_worker import DEFAULT_BATCH, MODELS, TrainSpec, train
 from hora.launch.hosts import HostSlots, parse_hostfile, parse_hosts
 
@@ -274,7 +274,7 @@ def run_configuration(
         "batch_size": config.batch(model), "steps": config.steps, "warmup": config.warmup,
         "wall_s": time.monotonic() - started,
     }  # fmt: skip
-    return bench_report.summarize(ranks, info)
+    return bench_results.summarize(ranks, info)
 
 
 def _launch(config: ScalingConfig, spec: TrainSpec, backend: str, place: Placement) -> list[Any]:
@@ -346,7 +346,7 @@ def _measure_all(
                                        "reason": str(e)})  # fmt: skip
                         progress.line(f"{what} failed: {e}")
                         continue
-                    key = bench_report.config_key(row)
+                    key = bench_results.config_key(row)
                     kept = best.get(key, row)
                     rounds = [*kept.get("round_step_means_s", []), row["step_mean_s"]]
                     if row["throughput"] > kept["throughput"]:

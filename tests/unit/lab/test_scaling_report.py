@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hora.lab import bench_report as br
+from hora.lab import bench_results as res
 from hora.lab import envreport
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -33,7 +34,7 @@ def _ranks(np_: int, compute: list[float], wait: list[float]) -> list[dict[str, 
     ]
 
 
-def _row(model: str, backend: str, servers: int, per: int, step: float, **kw: Any) -> br.Row:
+def _row(model: str, backend: str, servers: int, per: int, step: float, **kw: Any) -> res.Row:
     np_ = servers * per
     return {
         "model": model, "backend": backend, "servers": servers, "per_server": per, "np": np_,
@@ -58,15 +59,15 @@ ROWS = [
 ENV = [{k: f"{k}-a" for _, _, k in envreport.ROWS} | {"host": "alpha"}]
 
 
-def _result(rows: list[br.Row] = ROWS, **kw: Any) -> br.ScalingResult:
+def _result(rows: list[res.Row] = ROWS, **kw: Any) -> res.ScalingResult:
     meta = {"backends": ["native", "gloo", "mpi"], "batch_sizes": {"cnn": 10, "lstm": 10},
             "steps": 5, "warmup": 1, "threads": 1, "date": "today"}  # fmt: skip
-    return br.ScalingResult(meta, ENV, list(rows), **kw)
+    return res.ScalingResult(meta, ENV, list(rows), **kw)
 
 
 def test_summarize_takes_the_slowest_rank_per_step_and_derives_throughput() -> None:
     ranks = _ranks(2, compute=[0.10, 0.20, 0.30], wait=[0.05, 0.05, 0.05])
-    row = br.summarize(ranks, {"batch_size": 8, "model": "mlp"})
+    row = res.summarize(ranks, {"batch_size": 8, "model": "mlp"})
     assert row["np"] == 2 and row["model"] == "mlp"
     # rank 1: compute + 0.01, + wait 0.05 + update 0.001
     assert row["step_times_s"] == pytest.approx([0.161, 0.261, 0.361])
@@ -85,20 +86,20 @@ def test_summarize_rejects_ranks_with_different_step_counts() -> None:
     ranks = _ranks(2, [0.1, 0.2], [0.0, 0.0])
     ranks[1]["compute_s"] = [0.1]
     with pytest.raises(ValueError, match="same number of steps"):
-        br.summarize(ranks, {"batch_size": 1})
+        res.summarize(ranks, {"batch_size": 1})
     with pytest.raises(ValueError):
-        br.summarize([], {"batch_size": 1})
+        res.summarize([], {"batch_size": 1})
 
 
 def test_speedup_is_the_throughput_ratio_to_one_process_of_the_same_backend() -> None:
     derived = {(r["model"], r["backend"], r["servers"], r["per_server"]): r
-               for r in br.derive(ROWS)}  # fmt: skip
+               for r in res.derive(ROWS)}  # fmt: skip
     two = derived[("cnn", "native", 1, 2)]
     assert two["speedup"] == pytest.approx(two["throughput"] / derived[("cnn", "native", 1, 1)]["throughput"])  # fmt: skip  # noqa: E501
     assert two["speedup"] == pytest.approx(1.6)
     assert two["efficiency"] == pytest.approx(0.8)
     assert derived[("cnn", "gloo", 1, 2)]["speedup"] == pytest.approx(2 * 0.110 / 0.150)
-    no_base = br.derive([_row("mlp", "mpi", 1, 2, 0.1)])[0]
+    no_base = res.derive([_row("mlp", "mpi", 1, 2, 0.1)])[0]
     assert no_base["speedup"] is None and no_base["efficiency"] is None
 
 
