@@ -1,8 +1,9 @@
 """Handles: what every ``*_async`` call returns, a small future the engine thread completes.
 
 A :class:`Handle` acts as Horovod's integer handle too (``int(h)``, ``poll(h)``,
-``synchronize(h)`` with the int), through :class:`HandleTable`. Thread-safe: the user thread
-waits, the engine thread completes.
+``synchronize(h)`` with the int), through :class:`HandleTable`. :data:`in_flight` holds the
+names of the ops submitted and not yet done, so that a second op of the same name raises at
+once. Thread-safe: the user thread waits, the engine thread completes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hora.errors import HoraInternalError
+from hora.errors import DUPLICATE_NAME_MESSAGE, HoraInternalError
 
 _counter = itertools.count()
 
@@ -139,6 +140,35 @@ class HandleTable:
     def release(self, handle: Handle | int) -> None:
         with self._lock:
             self._handles.pop(int(handle), None)
+
+
+Key = tuple[int, str]  # (process set id, op name without its op prefix)
+
+
+class NamesInFlight:
+    """The names of every op submitted and not yet done. Thread-safe: user threads claim,
+    the engine thread releases."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._names: set[Key] = set()
+
+    def claim(self, keys: list[Key], ops: list[str]) -> None:
+        """Take all of ``keys`` (``ops``: each one's op, for the error), or none of them:
+        ValueError when one is still in flight."""
+        with self._lock:
+            for key, op in zip(keys, ops):
+                if key in self._names:
+                    raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=key[1]))
+            self._names.update(keys)
+
+    def release(self, *keys: Key) -> None:
+        """Free the names of an op that is done."""
+        with self._lock:
+            self._names.difference_update(keys)
+
+
+in_flight = NamesInFlight()
 
 
 def shut_down_error(cause: str = "") -> HoraInternalError:

@@ -1,10 +1,13 @@
-"""init, shutdown and topology: one :class:`Runtime` per ``init()``.
+"""init, shutdown, topology and process sets: one :class:`Runtime` per ``init()``.
 
 ``init`` reads the identity and settings, connects to the rendezvous store (starting it on
 rank 0 when the environment says this rank hosts it), builds the transport, the backend and the
 engine, registers the process sets, and installs an ``atexit`` shutdown. ``shutdown`` stops the
-engine; ``init`` may be called again afterwards (a new generation of connections). Called from
-user threads; guarded by one lock.
+engine; ``init`` may be called again afterwards (a new generation of connections).
+:func:`register_process_set` and :func:`remove_process_set` negotiate a set with every rank
+through a control op (:func:`control`); the op surface's ``add_process_set`` and
+``remove_process_set`` call them. Called from user threads; init and shutdown are guarded by
+one lock.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from typing import Any
 from hora.backends import registry as backends
 from hora.backends.registry import BackendContext
 from hora.core.engine import Engine
+from hora.core.executor import TensorEntry
+from hora.core.handles import Handle, in_flight
 from hora.core.identity import Identity, detect
+from hora.core.messages import OpType, Request
 from hora.core.process_sets import ProcessSet, global_process_set
 from hora.elastic.rendezvous import is_elastic_worker, join
 from hora.errors import NOT_INITIALIZED_MESSAGE
@@ -146,8 +152,6 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     for ps in process_sets or ():
         if not isinstance(ps, ProcessSet):
             raise ValueError(f"process_sets must hold hvd.ProcessSet objects, got {ps!r}")
-        from hora.frameworks.ops import register_process_set
-
         register_process_set(ps)
 
 
@@ -181,6 +185,58 @@ def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Ident
         source="mpi",
     )
     return world, job
+
+def control(
+    kind: OpType, name: str, process_set_id: int = 0, ranks: tuple[int, ...] | None = None
+) -> Handle:
+    """Submit one control op (barrier, join, adding or removing a process set) on a set;
+    its handle completes with the op's result. ValueError when ``name`` is in flight."""
+    rt = runtime()
+    req = Request(kind, name, ranks=ranks)
+    key = (process_set_id, req.match)
+    in_flight.claim([key], [kind.name.lower()])
+    handle = Handle()
+
+    def done(value: Any) -> None:
+        in_flight.release(key)
+        handle.set_result(value)
+
+    def failed(error: BaseException) -> None:
+        in_flight.release(key)
+        handle.set_error(error)
+
+    rt.engine.enqueue(process_set_id, [TensorEntry(req, None, None, done, failed)])
+    return handle
+
+
+def register_process_set(ps: ProcessSet) -> ProcessSet:
+    """Negotiate ``ps`` with every rank (all must register the same sets in the same order)."""
+    rt = runtime()
+    if any(r >= rt.identity.size for r in ps.ranks) or not ps.ranks:
+        raise ValueError(
+            f"process set ranks {ps.ranks} must be a non-empty subset of 0..{rt.identity.size - 1}"
+        )
+    rt.dynamic_counter += 1
+    name = f"process_set.add.{rt.dynamic_counter}"
+    ps_id = int(control(OpType.ADD_PROCESS_SET, name, 0, tuple(ps.ranks)).wait())
+    ps._bind(ps_id, rt.identity.rank)
+    rt.sets[ps_id] = ps
+    return ps
+
+
+def remove_process_set(ps: ProcessSet) -> bool:
+    """Remove a registered set on every rank; False when ``ps`` is not one (or is global)."""
+    rt = runtime()
+    ps_id = ps.process_set_id
+    if ps_id is None or ps_id == 0 or ps_id not in rt.sets:
+        return False
+    rt.dynamic_counter += 1
+    name = f"process_set.remove.{rt.dynamic_counter}"
+    control(OpType.REMOVE_PROCESS_SET, name, 0, tuple(ps.ranks)).wait()
+    del rt.sets[ps_id]
+    ps._unbind()
+    return True
+
 
 def shutdown() -> None:
     global _runtime

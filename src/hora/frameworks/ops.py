@@ -312,41 +312,13 @@ def _nonempty(arrays: Sequence[Any], what: str) -> None:
 
 
 # -- control ops ----------------------------------------------------------------------------
-def _control(
-    kind: OpType, name: str, process_set: ProcessSet | None, ranks: tuple[int, ...] | None = None
-) -> Handle:
-    ps_id = _set_id(process_set)
-    handle = Handle()
-    req = Request(kind, name, ranks=ranks)
-    return _submit(ps_id, [req], [None], [None], handle, False)
-
-
 def barrier(process_set: ProcessSet | None = None) -> None:
-    _control(OpType.BARRIER, "barrier", process_set).wait()
+    _rt.control(OpType.BARRIER, "barrier", _set_id(process_set)).wait()
 
 
 def join(process_set: ProcessSet | None = None) -> int:
     """Wait until every rank has joined; meanwhile contribute zeros to others' allreduces."""
-    return int(_control(OpType.JOIN, "join.noname", process_set).wait())
-
-
-def _next_set_op(rt: Any) -> int:
-    rt.dynamic_counter += 1
-    return int(rt.dynamic_counter)
-
-
-def register_process_set(ps: ProcessSet) -> ProcessSet:
-    """Negotiate ``ps`` with every rank (all must register the same sets in the same order)."""
-    rt = _rt.runtime()
-    if any(r >= rt.identity.size for r in ps.ranks) or not ps.ranks:
-        raise ValueError(
-            f"process set ranks {ps.ranks} must be a non-empty subset of 0..{rt.identity.size - 1}"
-        )
-    name = f"process_set.add.{_next_set_op(rt)}"
-    ps_id = int(_control(OpType.ADD_PROCESS_SET, name, None, tuple(ps.ranks)).wait())
-    ps._bind(ps_id, rt.identity.rank)
-    rt.sets[ps_id] = ps
-    return ps
+    return int(_rt.control(OpType.JOIN, "join.noname", _set_id(process_set)).wait())
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
@@ -359,21 +331,14 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError("Attempted to add a duplicate process set")
-    return register_process_set(ps)
+    return _rt.register_process_set(ps)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     rt = _rt.runtime()
     if not rt.settings.dynamic_process_sets:
         raise ValueError("remove_process_set needs dynamic process sets (see add_process_set)")
-    ps_id = process_set.process_set_id
-    if ps_id is None or ps_id == 0 or ps_id not in rt.sets:
-        return False
-    name = f"process_set.remove.{_next_set_op(rt)}"
-    _control(OpType.REMOVE_PROCESS_SET, name, None, tuple(process_set.ranks)).wait()
-    del rt.sets[ps_id]
-    process_set._unbind()
-    return True
+    return _rt.remove_process_set(process_set)
 
 
 # -- handles --------------------------------------------------------------------------------

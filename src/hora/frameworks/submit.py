@@ -16,17 +16,14 @@ import numpy as np
 from hora.collectives.reduce_ops import ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM
 from hora.core import runtime as _rt
 from hora.core.executor import TensorEntry
-from hora.core.handles import Handle, HandleTable
+from hora.core.handles import Handle, HandleTable, Key, in_flight
 from hora.core.messages import OpType, Request
 from hora.core.process_sets import ProcessSet, resolve
 from hora.dtypes import name_of, storage_dtype
-from hora.errors import DUPLICATE_NAME_MESSAGE
 
 _OPS = {AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT}
 
 _handles = HandleTable()
-_pending_lock = threading.Lock()
-_pending: dict[tuple[int, str], int] = {}  # (set id, name) -> 1 while in flight
 
 Finalize = Callable[[Any], Any] | None
 
@@ -101,26 +98,11 @@ def _submit(
     """Enqueue one request per tensor; the handle completes when all of them have."""
     rt = _rt.runtime()
     keys = [(ps_id, r.match) for r in requests]
-    with _pending_lock:
-        for (_, name), req in zip(keys, requests):
-            if (ps_id, name) in _pending:
-                raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=req.op.name.lower(), name=name))
-        for k in keys:
-            _pending[k] = 1
+    in_flight.claim(keys, [r.op.name.lower() for r in requests])
     entries = _entries(keys, requests, arrays, outputs, handle, grouped)
     _handles.add(handle)
     rt.engine.enqueue(ps_id, entries)
     return handle
-
-
-Key = tuple[int, str]
-
-
-def _release(*keys: Key) -> None:
-    """Free names in flight (those of a handle that is done), under one lock."""
-    with _pending_lock:
-        for key in keys:
-            _pending.pop(key, None)
 
 
 def _entries(
@@ -136,11 +118,11 @@ def _entries(
         key = keys[0]
 
         def done(value: Any) -> None:
-            _release(key)
+            in_flight.release(key)
             handle.set_result([value] if grouped else value)
 
         def failed(error: BaseException) -> None:
-            _release(key)
+            in_flight.release(key)
             handle.set_error(error)
 
         return [TensorEntry(requests[0], arrays[0], outputs[0], done, failed)]
@@ -157,7 +139,7 @@ def _entries(
             left[0] -= 1
             if left[0]:
                 return
-        _release(*keys)  # the names are free again once the handle is done
+        in_flight.release(*keys)  # the names are free again once the handle is done
         if errors:
             handle.set_error(errors[0])
         else:
