@@ -206,7 +206,7 @@ def test_run_api_names_a_rank_that_aborts_after_returning() -> None:
     def aborts_at_exit_on_rank_one() -> int:
         import atexit
 
-        from hora.core.identity import detect
+        from hora.identity import detect
         from hora.rendezvous.client import StoreClient
 
         ident = detect()

@@ -17,7 +17,7 @@ import pytest
 
 WORKER = (
     "import numpy as np, hora as hvd\n"
-    "from hora.core.identity import detect\n"
+    "from hora.identity import detect\n"
     "hvd.init()\n"
     "total = hvd.allreduce(np.full(2, hvd.rank() + 1.0), op=hvd.Sum)\n"
     "import sys\n"

@@ -137,7 +137,7 @@ class GlooBackend:
                 "build has none (install the official wheel: pip install "
                 "'hora[torch]'), or choose HOROVOD_CPU_OPERATIONS=native"
             )
-        self._rank = ctx.rank
+        self._rank = ctx.identity.rank
         self._client, self._prefix = ctx.store, ctx.prefix
         self._host = "127.0.0.1"
         if ctx.store is not None:

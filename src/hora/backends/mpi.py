@@ -43,6 +43,7 @@ from hora.backends.registry import BackendContext
 from hora.collectives import registry
 from hora.collectives.reduce_ops import MAX, MIN, PRODUCT, SUM, reducer
 from hora.dtypes import storage_dtype
+from hora.identity import Identity
 
 log = logging.getLogger("hora.backends.mpi")
 
@@ -63,21 +64,14 @@ class MpiJob:
     """hora's world as :func:`bootstrap` found it."""
 
     comm: Any  # MPI.Intracomm: a duplicate of the communicator hora runs on
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    addr: str  # where the rendezvous store listens
-    port: int
-    secret: bytes
+    identity: Identity  # this process in it, with the store's address and secret
     server: Any  # the RendezvousServer rank 0 started; None elsewhere
 
 
-def bootstrap(comm: Any, iface: str = "") -> MpiJob:
+def bootstrap(comm: Any, iface: str = "", hostname: str = "") -> MpiJob:
     """hora's world on ``comm`` (an mpi4py communicator, a list of ``COMM_WORLD`` ranks, or
-    None for ``COMM_WORLD``), with a rendezvous store started by its rank 0."""
+    None for ``COMM_WORLD``), with a rendezvous store started by its rank 0. ``hostname``
+    names this host in the identity (default: MPI's processor name)."""
     from hora.rendezvous.server import RendezvousServer
     from hora.transport.tcp.transport import advertise_address
 
@@ -108,8 +102,20 @@ def bootstrap(comm: Any, iface: str = "") -> MpiJob:
         raise RuntimeError(f"rank 0 could not start hora's rendezvous store: {info}")
     addr, port, secret = info
     log.debug("MPI bootstrap: rank %d of %d, store at %s:%d", rank, size, addr, port)
-    return MpiJob(world, rank, size, local_rank, local_size, cross_rank, cross_size, addr, port,
-                  secret, server)  # fmt: skip
+    identity = Identity(
+        rank=rank,
+        size=size,
+        local_rank=local_rank,
+        local_size=local_size,
+        cross_rank=cross_rank,
+        cross_size=cross_size,
+        hostname=hostname or MPI.Get_processor_name(),
+        rendezvous_addr=addr,
+        rendezvous_port=port,
+        secret=secret,
+        source="mpi",
+    )
+    return MpiJob(world, identity, server)
 
 
 def _as_comm(comm: Any) -> Any:
@@ -162,14 +168,15 @@ class MpiBackend:
                 "Let mpi4py initialise MPI (mpi4py.rc.thread_level = 'multiple')"
             )
         self._world = ctx.comm if ctx.comm is not None else MPI.COMM_WORLD.Dup()
-        if (self._world.Get_size(), self._world.Get_rank()) != (ctx.size, ctx.rank):
+        me = ctx.identity
+        if (self._world.Get_size(), self._world.Get_rank()) != (me.size, me.rank):
             size = self._world.Get_size()
             self._world.Free()
             raise ValueError(
-                f"the MPI backend needs the job started by MPI: hora has {ctx.size} ranks but "
+                f"the MPI backend needs the job started by MPI: hora has {me.size} ranks but "
                 f"MPI's world has {size}. Start it with `hora run --mpi` or `mpirun`"
             )
-        self._rank = ctx.rank
+        self._rank = me.rank
         self._comms: dict[int, Any] = {}
         self._user_ops: dict[tuple[int, str], Any] = {}
 

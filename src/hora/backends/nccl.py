@@ -37,7 +37,7 @@ class NcclBackend(GlooBackend):
         if not dist.is_available() or not dist.is_nccl_available():
             raise ValueError(NEEDS_GPU.format("torch.distributed has no NCCL"))
         super().__init__(ctx)
-        self._device = torch.device("cuda", ctx.local_rank % torch.cuda.device_count())
+        self._device = torch.device("cuda", ctx.identity.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(self._device)
 
     def _make_group(self, store: Any, rank: int, size: int) -> Any:

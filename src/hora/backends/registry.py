@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hora.backends.base import Backend
+from hora.identity import Identity
 from hora.settings import Settings
 
 log = logging.getLogger("hora.backends")
@@ -37,12 +38,7 @@ ALIASES = {"": "native", "tcp": "native", "hora": "native"}
 class BackendContext:
     """What a backend may need to set itself up (engine thread and init only)."""
 
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
+    identity: Identity  # this process's rank, size, local and cross ranks
     settings: Settings
     store: Any = None  # hora.rendezvous.client.StoreClient, None in a world of one
     transport: Any = None  # hora's own transport, None in a world of one

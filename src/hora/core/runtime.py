@@ -24,11 +24,11 @@ from hora.backends.registry import BackendContext
 from hora.core.engine import Engine
 from hora.core.executor import TensorEntry
 from hora.core.handles import Handle, in_flight
-from hora.core.identity import Identity, detect
 from hora.core.messages import OpType, Request
 from hora.core.process_sets import ProcessSet, global_process_set
 from hora.elastic.rendezvous import is_elastic_worker, join
 from hora.errors import NOT_INITIALIZED_MESSAGE
+from hora.identity import Identity, detect
 from hora.settings import Settings, env_lookup, load
 
 log = logging.getLogger("hora")
@@ -47,9 +47,7 @@ class Runtime:
         self.timeline: Any = None
         if identity.rank == 0 and settings.timeline and settings.timeline != "DYNAMIC":
             self.timeline = _make_timeline(settings.timeline, settings.timeline_mark_cycles)
-        ctx = BackendContext(identity.rank, identity.size, identity.local_rank,
-                             identity.local_size, identity.cross_rank, identity.cross_size,
-                             settings, self.store, transport, f"hora/{generation}",
+        ctx = BackendContext(identity, settings, self.store, transport, f"hora/{generation}",
                              None if mpi_job is None else mpi_job.comm)
         self.backend_name = backends.select(settings)
         backend = backends.create(self.backend_name, ctx)
@@ -170,21 +168,8 @@ def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Ident
         return identity, None
     from hora.backends.mpi import bootstrap
 
-    job = bootstrap(comm, settings.gloo_iface)
-    world = Identity(
-        rank=job.rank,
-        size=job.size,
-        local_rank=job.local_rank,
-        local_size=job.local_size,
-        cross_rank=job.cross_rank,
-        cross_size=job.cross_size,
-        hostname=identity.hostname,
-        rendezvous_addr=job.addr,
-        rendezvous_port=job.port,
-        secret=job.secret,
-        source="mpi",
-    )
-    return world, job
+    job = bootstrap(comm, settings.gloo_iface, identity.hostname)
+    return job.identity, job
 
 def control(
     kind: OpType, name: str, process_set_id: int = 0, ranks: tuple[int, ...] | None = None

@@ -24,8 +24,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from hora.core.identity import Identity
 from hora.errors import HoraInternalError, RendezvousError
+from hora.identity import Identity
 from hora.settings import env_lookup
 
 log = logging.getLogger("hora.elastic")

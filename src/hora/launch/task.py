@@ -1,6 +1,6 @@
 """``python -m hora.launch.task``: one rank of :func:`hora.launch.api.run`.
 
-Reads its identity from the environment (:func:`hora.core.identity.detect`), fetches the
+Reads its identity from the environment (:func:`hora.identity.detect`), fetches the
 cloudpickled ``(func, args, kwargs)`` from the rendezvous store, calls it, and stores the
 cloudpickled outcome under ``runfunc_result/<rank>``: ``("ok", value)`` or
 ``("error", exception, traceback text)``. Exits 1 after an exception so that the launcher stops
@@ -14,7 +14,7 @@ import traceback
 
 import cloudpickle
 
-from hora.core.identity import detect
+from hora.identity import detect
 from hora.rendezvous.client import StoreClient
 
 FUNC_KEY = "runfunc/func"

@@ -6,6 +6,7 @@ import pytest
 
 from hora.backends import registry
 from hora.backends.registry import BackendContext
+from hora.identity import Identity
 from hora.settings import load
 
 
@@ -51,7 +52,7 @@ def test_unknown_backend_names_what_there_is() -> None:
 
 
 def _ctx() -> BackendContext:
-    return BackendContext(0, 1, 0, 1, 0, 1, load({}))
+    return BackendContext(Identity(), load({}))
 
 
 def test_nccl_without_gpu_says_so() -> None:
@@ -72,7 +73,8 @@ def test_optional_dependencies_load_only_with_their_backend() -> None:
         "from hora.backends import registry\n"
         "from hora.settings import load\n"
         "before = [m for m in ('torch', 'mpi4py') if m in sys.modules]\n"
-        "ctx = registry.BackendContext(0, 1, 0, 1, 0, 1, load({}))\n"
+        "from hora.identity import Identity\n"
+        "ctx = registry.BackendContext(Identity(), load({}))\n"
         "registry.create('gloo', ctx).close()\n"
         "print(before, 'torch' in sys.modules, 'mpi4py' in sys.modules)\n"
     )

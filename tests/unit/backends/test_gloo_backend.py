@@ -20,6 +20,7 @@ from hora.backends.base import SetComm  # noqa: E402
 from hora.backends.gloo import GlooBackend, StoreAdapter  # noqa: E402
 from hora.backends.registry import BackendContext  # noqa: E402
 from hora.collectives.reduce_ops import MAX, MIN, PRODUCT, SUM  # noqa: E402
+from hora.identity import Identity  # noqa: E402
 from hora.rendezvous.client import StoreClient  # noqa: E402
 from hora.rendezvous.server import RendezvousServer  # noqa: E402
 from hora.settings import load  # noqa: E402
@@ -73,8 +74,9 @@ def _two_ranks(store: list[StoreClient], work: Callable[[GlooBackend, SetComm], 
 
     def rank(r: int) -> None:
         try:
-            ctx = BackendContext(r, 2, r, 2, 0, 1, load({"HORA_GLOO_TIMEOUT_SECONDS": "10"}),
-                                 store[r], None, "test")  # fmt: skip
+            me = Identity(rank=r, size=2, local_rank=r, local_size=2)
+            ctx = BackendContext(me, load({"HORA_GLOO_TIMEOUT_SECONDS": "10"}), store[r], None,
+                                 "test")  # fmt: skip
             backend = GlooBackend(ctx)
             backend.add_process_set(0, [0, 1])
             backend.add_process_set(1, [1])  # a set rank 0 is not in
@@ -147,7 +149,7 @@ def test_every_collective_between_two_ranks(store: list[StoreClient]) -> None:
 
 @pytest.mark.timeout(30)
 def test_world_of_one_needs_no_store() -> None:
-    backend = GlooBackend(BackendContext(0, 1, 0, 1, 0, 1, load({})))
+    backend = GlooBackend(BackendContext(Identity(), load({})))
     backend.add_process_set(0, [0])
     comm = SetComm([0], 0, None, 0)  # type: ignore[arg-type]
     x = np.arange(4, dtype=np.int16)  # int16: hora's own algorithm (nothing to do at size 1)
@@ -176,7 +178,7 @@ def test_loop_threads_are_lowered_as_soon_as_each_group_exists() -> None:
         return out
 
     earlier = set(loops())
-    backend = GlooBackend(BackendContext(0, 1, 0, 1, 0, 1, load({})))
+    backend = GlooBackend(BackendContext(Identity(), load({})))
     try:
         for ps_id in range(8):
             backend.add_process_set(ps_id, [0])

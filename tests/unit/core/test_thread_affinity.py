@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from harness import run_ranks
-from hora.core.identity import Identity
 from hora.core.runtime import engine_core
+from hora.identity import Identity
 
 
 def _ident(local_rank: int, local_size: int) -> Identity:

@@ -1,10 +1,10 @@
-"""core.identity.detect from hora's, Open MPI's, MPICH's, torchrun's and Slurm's variables."""
+"""hora.identity.detect from hora's, Open MPI's, MPICH's, torchrun's and Slurm's variables."""
 
 from __future__ import annotations
 
 import pytest
 
-from hora.core.identity import detect, expand_tasks_per_node, first_slurm_host
+from hora.identity import detect, expand_tasks_per_node, first_slurm_host
 
 
 def test_single_process() -> None:
