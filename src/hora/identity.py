@@ -5,7 +5,8 @@ Read from the environment, trying in order:
 1. ``hora run`` (``HORA_*`` or Horovod's ``HOROVOD_*`` names): the launcher hosts the store.
 2. ``mpirun``/``mpiexec``: Open MPI (``OMPI_COMM_WORLD_*``) or MPICH/Hydra (``PMI_RANK``...).
 3. torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...), as
-   torchrun and Kubernetes training operators set them.
+   torchrun and Kubernetes training operators set them; in a Kubernetes indexed Job, the pod's
+   ``JOB_COMPLETION_INDEX`` (which Kubernetes sets) stands for ``RANK``.
 4. Slurm's ``srun`` (``SLURM_PROCID`` within a job step).
 
 Without a launcher (2-4), rank 0 hosts the store itself (``host_store=True``) at the address the
@@ -41,7 +42,7 @@ class Identity:
     rendezvous_port: int | None = None
     secret: bytes | None = None
     host_store: bool = False  # True: this rank must start the rendezvous server itself
-    source: str = "single"  # hora, mpi, slurm, torchrun or single
+    source: str = "single"  # hora, mpi, slurm, torchrun, kubernetes or single
 
     @property
     def is_single(self) -> bool:
@@ -81,6 +82,8 @@ def detect(env: Mapping[str, str] | None = None) -> Identity:
         return _from_mpi(env)
     if "RANK" in env and "WORLD_SIZE" in env:
         return _from_torchrun(env)
+    if "JOB_COMPLETION_INDEX" in env and "WORLD_SIZE" in env:
+        return _from_torchrun(env, "JOB_COMPLETION_INDEX", "kubernetes")
     if "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
         return _from_slurm(env)
     return Identity(hostname=socket.gethostname())
@@ -177,17 +180,20 @@ def _from_mpi(env: Mapping[str, str]) -> Identity:
     )
 
 
-def _from_torchrun(env: Mapping[str, str]) -> Identity:
-    rank = _var(env, ("RANK",))
+def _from_torchrun(
+    env: Mapping[str, str], rank_var: str = "RANK", source: str = "torchrun"
+) -> Identity:
+    """torchrun's variables; a Kubernetes indexed Job's rank is ``JOB_COMPLETION_INDEX``."""
+    rank = _var(env, (rank_var,))
     size = _var(env, ("WORLD_SIZE",))
     job_vars = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
     if not env.get("MASTER_ADDR") and not env_lookup(env, "RENDEZVOUS_ADDR") and size > 1:
-        raise ValueError("RANK and WORLD_SIZE are set but MASTER_ADDR is not")
-    addr, port = _store(env, job_vars, "127.0.0.1", "this torchrun-style job")
+        raise ValueError(f"{rank_var} and WORLD_SIZE are set but MASTER_ADDR is not")
+    addr, port = _store(env, job_vars, "127.0.0.1", f"this {source}-style job")
     if "TORCHELASTIC_RUN_ID" in env and not env_lookup(env, "RENDEZVOUS_PORT"):
         port += 1  # torchrun's own store listens on MASTER_PORT
     return _launcherless(
-        env, "torchrun", rank, size, _var(env, ("LOCAL_RANK",), 0),
+        env, source, rank, size, _var(env, ("LOCAL_RANK",), 0),
         _var(env, ("LOCAL_WORLD_SIZE",), 1), addr, port, job_vars, True,
     )  # fmt: skip
 

@@ -1,4 +1,5 @@
-"""hora.identity.detect from hora's, Open MPI's, MPICH's, torchrun's and Slurm's variables."""
+"""hora.identity.detect from hora's, Open MPI's, MPICH's, torchrun's, Kubernetes' and Slurm's
+variables."""
 
 from __future__ import annotations
 
@@ -45,6 +46,26 @@ def test_operator_style_variables_and_explicit_secret() -> None:
         detect({"RANK": "0", "WORLD_SIZE": "2"})
 
 
+def test_kubernetes_indexed_job_variables() -> None:
+    # What a pod of deploy/kubernetes.yaml sees: Kubernetes sets JOB_COMPLETION_INDEX (and
+    # HOSTNAME), the manifest sets WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the secret.
+    env = {"JOB_COMPLETION_INDEX": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "hora-0.hora",
+           "MASTER_PORT": "29500", "HORA_SECRET_KEY": "0c", "HOSTNAME": "hora-2"}  # fmt: skip
+    ident = detect(env)
+    assert (ident.source, ident.rank, ident.size) == ("kubernetes", 2, 3)
+    assert (ident.local_rank, ident.local_size, ident.cross_rank, ident.cross_size) == (0, 1, 2, 3)
+    assert (ident.rendezvous_addr, ident.rendezvous_port) == ("hora-0.hora", 29500)
+    assert ident.secret == b"\x0c" and not ident.host_store
+    assert detect({**env, "JOB_COMPLETION_INDEX": "0"}).host_store
+    # an operator's RANK wins over the index; the index alone is not a job of several
+    assert detect({**env, "RANK": "1"}).rank == 1
+    assert detect({"JOB_COMPLETION_INDEX": "4"}).is_single
+    with pytest.raises(ValueError, match="JOB_COMPLETION_INDEX and WORLD_SIZE.*MASTER_ADDR"):
+        detect({"JOB_COMPLETION_INDEX": "1", "WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="outside"):
+        detect({**env, "JOB_COMPLETION_INDEX": "3"})
+
+
 def test_slurm_variables() -> None:
     env = {"SLURM_PROCID": "4", "SLURM_STEP_NUM_TASKS": "5", "SLURM_LOCALID": "1",
            "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "3,2", "SLURM_STEP_ID": "0",
@@ -59,6 +80,17 @@ def test_slurm_variables() -> None:
                    "SLURM_NODEID": "0"}).host_store  # fmt: skip
     # A batch script (no step) is not a Slurm step: a world of one.
     assert detect({k: v for k, v in env.items() if k != "SLURM_STEP_ID"}).is_single
+
+
+def test_slurm_variables_of_an_older_srun() -> None:
+    # SLURM_NTASKS/SLURM_STEPID/SLURM_TASKS_PER_NODE/SLURM_JOB_NODELIST only, 2 nodes x 2 tasks
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+           "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEPID": "0", "SLURM_JOB_ID": "9",
+           "SLURM_JOB_NODELIST": "node[01-02]"}  # fmt: skip
+    ident = detect(env)
+    assert (ident.source, ident.rank, ident.size, ident.local_rank, ident.local_size) == (
+        "slurm", 3, 4, 1, 2)  # fmt: skip
+    assert (ident.cross_rank, ident.cross_size, ident.rendezvous_addr) == (1, 2, "node01")
 
 
 def test_slurm_helpers() -> None:
