@@ -4,10 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: Open MPI (for the MPI backend and mpirun tests), sshd (multi-host tests),
-# iproute2 (network namespaces). Only as root and only what is missing.
+# System packages: Open MPI (for the MPI backend and mpirun tests) and a C compiler to build
+# mpi4py against it, sshd (multi-host tests), iproute2 (network namespaces). Only as root and
+# only what is missing. The container recipes in deploy/ run this script too.
 need=()
 command -v mpirun >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+command -v cc >/dev/null || need+=(gcc libc6-dev)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
 command -v ip >/dev/null || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
@@ -22,7 +24,11 @@ fi
 
 PY=${PYTHON:-python3}
 # torch first and pinned: any other version would pull gigabytes of CUDA packages.
-$PY -m pip install -q "torch==2.13.0"
+# HORA_TORCH_INDEX_URL picks torch's wheel index (deploy/Dockerfile.cpu: the CPU-only wheels;
+# unset: the default index, whose Linux wheels carry CUDA and NCCL).
+torch_index=()
+[ -n "${HORA_TORCH_INDEX_URL:-}" ] && torch_index=(--index-url "$HORA_TORCH_INDEX_URL")
+$PY -m pip install -q "${torch_index[@]}" "torch==2.13.0"
 extras="torch,lab,bf16,dev"
 command -v mpicc >/dev/null && extras="$extras,mpi"
 $PY -m pip install -q -e ".[${extras}]"
