@@ -171,6 +171,7 @@ def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Ident
     job = bootstrap(comm, settings.gloo_iface, identity.hostname)
     return job.identity, job
 
+
 def control(
     kind: OpType, name: str, process_set_id: int = 0, ranks: tuple[int, ...] | None = None
 ) -> Handle:
