@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hora.errors import UnsupportedTypeError
+
 DTYPES: tuple[str, ...] = (
     "uint8",
     "int8",
@@ -39,7 +41,8 @@ if _BF16 is not None:
 
 
 def name_of(dtype: np.dtype) -> str:
-    """The hora dtype name of a NumPy dtype; TypeError for anything hora does not carry."""
+    """The hora dtype name of a NumPy dtype; UnsupportedTypeError (a TypeError and, as in
+    Horovod, a ValueError) for anything hora does not carry."""
     try:
         return _NAMES[dtype]
     except (KeyError, TypeError):
@@ -47,7 +50,7 @@ def name_of(dtype: np.dtype) -> str:
     dtype = np.dtype(dtype)
     if dtype in _NAMES:
         return _NAMES[dtype]
-    raise TypeError(f"Tensor type {dtype.name} is not supported.")
+    raise UnsupportedTypeError(f"Tensor type {dtype.name} is not supported.")
 
 
 def storage_dtype(name: str) -> np.dtype:

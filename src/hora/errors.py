@@ -38,6 +38,23 @@ class HoraVersionMismatchError(HoraError, ImportError):
 HorovodVersionMismatchError = HoraVersionMismatchError
 
 
+class NotSupportedError(HoraError, NotImplementedError, ValueError):
+    """An op was asked for something it does not do (reducescatter with Adasum, Adasum on a
+    number of ranks that is not a power of two). Raised at once, in the caller's thread.
+
+    Horovod raises these as RuntimeErrors, so scripts catch them with ``except RuntimeError``
+    (``NotImplementedError`` is one); it is also a ``ValueError``, as hora raised before. It is
+    not a ``HorovodInternalError``: elastic training must not retry a call that cannot work.
+    """
+
+
+class UnsupportedTypeError(HoraError, TypeError, ValueError):
+    """A tensor's dtype cannot travel ("Tensor type X is not supported.").
+
+    A ``ValueError`` as in Horovod, and a ``TypeError`` as hora raised before.
+    """
+
+
 class TransportError(HoraInternalError):
     """A connection to a peer failed: closed, reset, timed out, or sent a malformed frame."""
 
@@ -76,6 +93,8 @@ __all__ = [
     "HostsUpdatedInterrupt",
     "HoraVersionMismatchError",
     "HorovodVersionMismatchError",
+    "NotSupportedError",
+    "UnsupportedTypeError",
     "TransportError",
     "AuthenticationError",
     "RendezvousError",

@@ -328,10 +328,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "cpu_bind",
         str,
-        "auto",
+        "none",
         "CPU_BIND",
-        "auto: give each local rank its own slice of the host's cores (when nothing bound the "
-        "process already); none: leave placement to the OS.",
+        "none (default): leave placement to the OS; auto: give each local rank its own slice "
+        "of the host's cores (when nothing bound the process already). auto speeds up hora's "
+        "small collectives but confines everything else the process runs (torch threads, "
+        "DataLoader workers, torch.distributed) to that slice, which can slow training.",
         "--cpu-bind",
         None,
         None,
@@ -401,7 +403,7 @@ class Settings:
     mpi_threads_disable: bool = False
     shm_disable: bool = False
     liveness_timeout_seconds: float = 5.0
-    cpu_bind: str = "auto"
+    cpu_bind: str = "none"
     thread_affinity: str = ""
     explicit: frozenset[str] = field(default_factory=frozenset)  # fields set by env
 

@@ -57,7 +57,7 @@ class Runtime:
         self.engine.start()
         self.sets: dict[int, ProcessSet] = {0: global_process_set}
         self.dynamic_counter = 0
-        self.auto_names: dict[tuple[int, str], int] = {}  # (set, op) -> unnamed ops so far
+        self.auto_names: dict[int, int] = {}  # set id -> unnamed ops so far (every kind)
 
     def _connect(self, ident: Identity, settings: Settings, generation: int | str) -> Any:
         from hora.rendezvous.client import StoreClient
@@ -274,11 +274,14 @@ def engine_core(ident: Identity, spec: str) -> int | None:
 
 
 def _bind_cpus(ident: Identity, mode: str) -> None:
-    """Give each local rank its own slice of cores, so that its threads stay together.
+    """With ``HORA_CPU_BIND=auto``: give each local rank its own slice of cores.
 
-    Two ranks on a two-core host run their collectives twice as fast when neither migrates
-    between cores. Only done when nothing (mpirun, Slurm, taskset, the user) bound the process
-    already, and never to fewer cores than one per rank. ``HORA_CPU_BIND=none`` turns it off.
+    Off by default: binding keeps hora's small collectives from migrating between cores, but it
+    also confines every thread and child process the training script starts afterwards (torch's
+    intra-op threads, DataLoader workers, torch.distributed) to the slice, and measured on a
+    two-core host that made a CNN's training step about ten times slower (docs/settings.md).
+    Only done when nothing (mpirun, Slurm, taskset, the user) bound the process already, and
+    never to fewer cores than one per rank.
     """
     if mode.lower() != "auto" or ident.local_size <= 1 or not hasattr(os, "sched_getaffinity"):
         return

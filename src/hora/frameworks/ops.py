@@ -21,6 +21,7 @@ from hora.core.handles import Handle
 from hora.core.messages import OpType, Request
 from hora.core.process_sets import ProcessSet, resolve
 from hora.dtypes import FLOATING
+from hora.errors import NotSupportedError, UnsupportedTypeError
 from hora.frameworks.submit import (
     Finalize,
     _handles,
@@ -33,6 +34,11 @@ from hora.frameworks.submit import (
 )
 
 Average, Sum, Adasum, Min, Max, Product = AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT
+
+_NO_ADASUM_REDUCESCATTER = (
+    "reducescatter does not support Adasum: use op=hvd.Sum or hvd.Average, or allreduce "
+    "with op=hvd.Adasum"
+)
 
 
 def _reduction(
@@ -51,10 +57,16 @@ def _reduction(
     ps_id = _set_id(process_set)
     if op == ADASUM and kind == OpType.ALLREDUCE:
         kind = OpType.ADASUM
+        n = len(resolve(process_set).ranks)
+        if n & (n - 1):
+            raise NotSupportedError(
+                f"Adasum needs a power-of-two number of ranks; this process set has {n} "
+                "(Horovod: Running Adasum with non-power of 2 ranks is not supported yet.)"
+            )
 
     def make(arr: np.ndarray, dt: str, n: str) -> Request:
         if op == ADASUM and dt not in FLOATING:
-            raise TypeError(f"Adasum needs a floating-point tensor, got {dt}")
+            raise UnsupportedTypeError(f"Adasum needs a floating-point tensor, got {dt}")
         if kind == OpType.REDUCESCATTER and arr.ndim == 0:
             raise ValueError("reducescatter needs a tensor of at least one dimension")
         return Request(
@@ -145,7 +157,7 @@ def reducescatter_async(
 ) -> Handle:
     op = _reduce_op(op)
     if op == ADASUM:
-        raise ValueError("reducescatter does not support Adasum")
+        raise NotSupportedError(_NO_ADASUM_REDUCESCATTER)
     return _reduction(
         OpType.REDUCESCATTER,
         [array],
@@ -175,7 +187,7 @@ def grouped_reducescatter_async(
     _nonempty(arrays, "grouped_reducescatter")
     op = _reduce_op(op)
     if op == ADASUM:
-        raise ValueError("reducescatter does not support Adasum")
+        raise NotSupportedError(_NO_ADASUM_REDUCESCATTER)
     return _reduction(
         OpType.REDUCESCATTER,
         arrays,
@@ -273,7 +285,8 @@ def alltoall_async(
     dtype: str | None = None,
     finalize: Finalize = None,
 ) -> Handle:
-    """Result: ``(output, received_splits)``; ``splits`` are rows per destination rank."""
+    """Result (from ``synchronize``): ``(output, received_splits)``, with or without ``splits``;
+    ``splits`` are rows per destination rank (equal blocks when None)."""
     ps_id = _set_id(process_set)
     n = len(resolve(process_set).ranks)
 
@@ -412,7 +425,11 @@ def broadcast(array: Any, root_rank: int, **kw: Any) -> Any:
 
 
 def alltoall(array: Any, splits: Any = None, **kw: Any) -> Any:
-    return synchronize(alltoall_async(array, splits, **kw))
+    """Horovod's convention: the received rows alone when ``splits`` is None (equal blocks),
+    ``(output, received_splits)`` when ``splits`` was given. ``synchronize`` on the handle of
+    ``alltoall_async`` always gives the pair."""
+    output, received = synchronize(alltoall_async(array, splits, **kw))
+    return output if splits is None else (output, received)
 
 
 def reducescatter(array: Any, **kw: Any) -> Any:

@@ -69,15 +69,17 @@ def _reduce_op(op: int | None, average: bool | None = None) -> int:
 def _names(kind: str, name: str | None, count: int | None, ps_id: int) -> list[str]:
     """Horovod's names: ``<op>.<name>``, or ``<op>.noname.<n>`` when none was given.
 
-    ``n`` counts the unnamed ops of this kind on this process set, not handles (as Horovod
-    does), so ranks that also run ops on other sets still agree on the name.
+    ``n`` counts this process set's unnamed ops of every kind together, as Horovod's handles
+    do, so unnamed ops of different kinds in flight at once never share a name (ops are matched
+    without their op prefix). Counting per set rather than per process keeps ranks that also
+    run ops on other sets agreeing on the name.
     """
     if name:
         base = f"{kind}.{name}"
     else:
         counters = _rt.runtime().auto_names
-        n = counters.get((ps_id, kind), 0)
-        counters[(ps_id, kind)] = n + 1
+        n = counters.get(ps_id, 0)
+        counters[ps_id] = n + 1
         base = f"{kind}.noname.{n}"
     return [base] if count is None else [f"{base}_{i}of{count}" for i in range(count)]
 

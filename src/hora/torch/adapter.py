@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hora.errors import UnsupportedTypeError
+
 _WIRE_NAMES: dict[torch.dtype, str] = {
     torch.uint8: "uint8",
     torch.int8: "int8",
@@ -48,7 +50,8 @@ class Staged:
 
 
 def check_tensor(tensor: object, what: str = "tensor") -> torch.Tensor:
-    """``tensor`` if it is a dense torch tensor of a supported dtype; TypeError otherwise."""
+    """``tensor`` if it is a dense torch tensor of a supported dtype; TypeError otherwise
+    (UnsupportedTypeError, also a ValueError as in Horovod, for a dtype that cannot travel)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
@@ -57,7 +60,7 @@ def check_tensor(tensor: object, what: str = "tensor") -> torch.Tensor:
             "(use sparse_allreduce_async for sparse tensors)"
         )
     if tensor.dtype not in _WIRE_NAMES:
-        raise TypeError(f"Tensor type {tensor.dtype} is not supported.")
+        raise UnsupportedTypeError(f"Tensor type {tensor.dtype} is not supported.")
     return tensor
 
 

@@ -5,8 +5,9 @@
 root's: first the root's layout (parameter-group options such as ``lr``, scalar state, and the
 shape and dtype of each state tensor) travels as one object; every rank then creates whatever
 state tensors it lacks and receives their values in place. No optimizer step is taken to
-initialise state, so parameters are never touched. ``broadcast_object``/``allgather_object``
-pickle any object.
+initialise state, so parameters are never touched; as in Horovod, a new optimizer's parameters
+that require grad are left with zero gradients where they had none.
+``broadcast_object``/``allgather_object`` pickle any object.
 
 Collective: every rank must call these in the same order. Run in the training thread.
 """
@@ -77,6 +78,18 @@ def _layout(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     return groups
 
 
+def _zero_grads(optimizer: torch.optim.Optimizer) -> None:
+    """As Horovod leaves them after a new optimizer's state is broadcast: every parameter that
+    requires grad and has none gets a zero gradient (sparse for SparseAdam). No step is taken,
+    so the parameters themselves do not move."""
+    sparse = isinstance(unwrap(optimizer), torch.optim.SparseAdam)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                zero = torch.zeros_like(p)
+                p.grad = zero.to_sparse() if sparse else zero
+
+
 def broadcast_optimizer_state(
     optimizer: torch.optim.Optimizer,
     root_rank: int,
@@ -90,6 +103,8 @@ def broadcast_optimizer_state(
     """
     if isinstance(unwrap(optimizer), torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state:
+        _zero_grads(optimizer)
     counts = [len(g["params"]) for g in optimizer.param_groups]
     everyone = ops.allgather_object(counts, name="optimizer_state.counts", process_set=process_set)
     if any(c != counts for c in everyone):

@@ -45,6 +45,14 @@ _TOO_MANY_PASSES = (
     "call optimizer.step() (or synchronize()) after every {n} backward passes, or raise "
     "backward_passes_per_step to accumulate more passes locally"
 )
+# Horovod's text first, word for word, so that log filters and tests written for Horovod match.
+_STEP_AFTER_SYNCHRONIZE = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
+    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code. "
+    "(hora: the gradients are reduced a second time; wrap the step in "
+    "`with optimizer.skip_synchronize():`.)"
+)
 _ZERO_GRAD_PENDING = (
     "zero_grad() while gradient reductions are pending (loss.backward() ran but neither "
     "optimizer.step() nor optimizer.synchronize() has since): the reductions are writing those "
@@ -125,6 +133,7 @@ class _DistributedOptimizer(OptimizerWrapper):
         self._group_of, self._members = self._make_groups(groups)
         self._ready: Counter[int] = Counter()
         self._handles: dict[torch.Tensor, Any] = {}
+        self._densified: set[torch.Tensor] = set()  # sparse gradients sent dense this step
         self._synchronized = False
         self._should_synchronize = True
         self._hooked = self.process_set.included()
@@ -265,16 +274,24 @@ class _DistributedOptimizer(OptimizerWrapper):
         return p.grad is not None and p.grad.is_sparse
 
     def _prepare(self, p: torch.Tensor) -> torch.Tensor:
-        """The tensor to reduce for ``p``: its gradient (zeros if it has none, dense)."""
+        """The tensor to reduce for ``p``: its gradient (zeros if it has none, dense).
+
+        A sparse gradient reduced densely (``sparse_as_dense``, or inside a group) is made
+        sparse again in ``_finish``, so optimizers that need sparse gradients (SparseAdam)
+        still get them."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         elif p.grad.is_sparse:
             p.grad = p.grad.to_dense()
+            self._densified.add(p)
         return p.grad
 
     def _finish(self, p: torch.Tensor, reduced: torch.Tensor) -> None:
         if reduced is not p.grad:
             p.grad.copy_(reduced)
+        if p in self._densified:
+            self._densified.discard(p)
+            p.grad = p.grad.to_sparse()
 
     # -- public methods ---------------------------------------------------------------------
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -302,6 +319,7 @@ class _DistributedOptimizer(OptimizerWrapper):
 
     def _clear_in_flight(self) -> None:
         self._handles.clear()
+        self._densified.clear()
         self._ready.clear()
         self._delay = {p: self.backward_passes_per_step for p in self._params}
 
@@ -324,12 +342,7 @@ class _DistributedOptimizer(OptimizerWrapper):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn(
-                    "optimizer.step() was called after optimizer.synchronize() without the "
-                    "optimizer.skip_synchronize() context, so the gradients are reduced "
-                    "twice; wrap the step in `with optimizer.skip_synchronize():`",
-                    stacklevel=2,
-                )
+                warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
@@ -389,7 +402,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for a factory
     gradient; ``compression`` shrinks what travels; ``backward_passes_per_step`` accumulates that
     many backward passes locally before reducing; ``gradient_predivide_factor`` splits the
     averaging into a division before and after the sum; ``groups`` (a number of groups, or lists
-    of parameters) reduces gradients in groups; ``sparse_as_dense`` densifies sparse gradients;
+    of parameters) reduces gradients in groups; sparse gradients are reduced by gathering every
+    rank's indices and values unless ``sparse_as_dense`` sends them as dense tensors (the wrapped
+    optimizer gets them back sparse either way);
     ``process_set`` reduces over a subset of ranks. ``num_groups`` is the deprecated spelling
     of an int ``groups``.
     """

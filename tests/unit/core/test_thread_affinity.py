@@ -62,3 +62,36 @@ def test_two_local_ranks_pin_their_engine_threads() -> None:
     assert [r["engine"] for r in results] == [[b], [a]]
     assert all(r["sum"] == 2.0 for r in results)
     assert all(len(r["main"]) >= 2 for r in results)  # only the engine thread was pinned
+
+
+def _affinity(rank: int) -> list[int]:
+    import os
+
+    import hora
+
+    hora.init()
+    try:
+        return sorted(os.sched_getaffinity(0))
+    finally:
+        hora.shutdown()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to bind ranks to")
+def test_ranks_are_not_bound_to_cores_by_default() -> None:
+    """Binding slows whatever else a training process runs (its torch threads, DataLoader
+    workers), so ranks keep every core unless HORA_CPU_BIND=auto asks otherwise."""
+    if {"HORA_CPU_BIND", "HOROVOD_CPU_BIND"} & set(os.environ):
+        pytest.skip("the environment sets the CPU binding")
+    before = sorted(os.sched_getaffinity(0))
+    assert run_ranks(_affinity, 2, timeout=50) == [before, before]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) != (os.cpu_count() or 0) or (os.cpu_count() or 0) < 2,
+    reason="needs an unbound process on at least two cores",
+)
+def test_cpu_bind_auto_gives_each_local_rank_its_own_cores() -> None:
+    first, second = run_ranks(_affinity, 2, env={"HORA_CPU_BIND": "auto"}, timeout=50)
+    assert first and second and not set(first) & set(second)
