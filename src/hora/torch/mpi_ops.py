@@ -20,12 +20,11 @@ import numpy as np
 import torch
 
 from hora import global_process_set
+from hora.core.process_sets import ProcessSet  # Horovod's scripts import it from here too
 from hora.errors import HoraInternalError
 from hora.frameworks import ops
 from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum
 from hora.torch.adapter import Staged, stage, to_tensor, write_back
-
-ProcessSet = Any  # hora.ProcessSet; typed loosely so that None (the global set) is accepted
 
 
 def reduce_op(average: bool | None, op: int | None) -> int:
@@ -378,6 +377,17 @@ def grouped_reducescatter_async(
         dtype=dtype,
         finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
     )
+
+
+# -- Horovod's other names in this module -----------------------------------------------------
+def __getattr__(name: str) -> Any:
+    """Horovod's ``horovod.torch.mpi_ops`` also holds the blocking ops, the lifecycle and the
+    topology calls; scripts that import them from here get ``hora.torch``'s."""
+    import hora.torch
+
+    if name in hora.torch.__all__:
+        return getattr(hora.torch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- control --------------------------------------------------------------------------------
