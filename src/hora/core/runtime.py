@@ -283,6 +283,11 @@ def _bind_cpus(ident: Identity, mode: str) -> None:
     Only done when nothing (mpirun, Slurm, taskset, the user) bound the process already, and
     never to fewer cores than one per rank.
     """
+    if mode.lower() not in ("auto", "none"):
+        raise ValueError(
+            f"HORA_CPU_BIND={mode!r} (or HOROVOD_CPU_BIND, hora run --cpu-bind): give 'none' "
+            "(the default: no binding) or 'auto' (each local rank its own slice of cores)"
+        )
     if mode.lower() != "auto" or ident.local_size <= 1 or not hasattr(os, "sched_getaffinity"):
         return
     avail = sorted(os.sched_getaffinity(0))

@@ -95,3 +95,11 @@ def test_ranks_are_not_bound_to_cores_by_default() -> None:
 def test_cpu_bind_auto_gives_each_local_rank_its_own_cores() -> None:
     first, second = run_ranks(_affinity, 2, env={"HORA_CPU_BIND": "auto"}, timeout=50)
     assert first and second and not set(first) & set(second)
+
+
+def test_an_unknown_cpu_bind_value_is_refused() -> None:
+    from hora.core.runtime import _bind_cpus
+
+    with pytest.raises(ValueError, match="HORA_CPU_BIND='yes'.*'none'.*'auto'"):
+        _bind_cpus(_ident(0, 2), "yes")
+    _bind_cpus(_ident(0, 1), "NONE")  # case does not matter; nothing to do
