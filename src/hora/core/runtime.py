@@ -279,7 +279,7 @@ def _bind_cpus(ident: Identity, mode: str) -> None:
     Off by default: binding keeps hora's small collectives from migrating between cores, but it
     also confines every thread and child process the training script starts afterwards (torch's
     intra-op threads, DataLoader workers, torch.distributed) to the slice, and measured on a
-    two-core host that made a CNN's training step about ten times slower (docs/settings.md).
+    two-core host that made a CNN's training step up to ten times slower (docs/settings.md).
     Only done when nothing (mpirun, Slurm, taskset, the user) bound the process already, and
     never to fewer cores than one per rank.
     """
