@@ -19,9 +19,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from hora import global_process_set
+from hora import (  # Horovod's mpi_ops holds the lifecycle and topology calls too
+    add_process_set,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
 from hora.core.process_sets import ProcessSet  # Horovod's scripts import it from here too
-from hora.errors import HoraInternalError
+from hora.errors import HoraInternalError, HorovodInternalError
 from hora.frameworks import ops
 from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum
 from hora.torch.adapter import Staged, stage, to_tensor, write_back
@@ -379,17 +404,6 @@ def grouped_reducescatter_async(
     )
 
 
-# -- Horovod's other names in this module -----------------------------------------------------
-def __getattr__(name: str) -> Any:
-    """Horovod's ``horovod.torch.mpi_ops`` also holds the blocking ops, the lifecycle and the
-    topology calls; scripts that import them from here get ``hora.torch``'s."""
-    import hora.torch
-
-    if name in hora.torch.__all__:
-        return getattr(hora.torch, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # -- control --------------------------------------------------------------------------------
 def poll(handle: Handle | int) -> bool:
     """True once the operation behind ``handle`` has finished (successfully or not)."""
@@ -447,4 +461,31 @@ __all__ = [
     "join",
     "barrier",
     "reduce_op",
+    # Horovod's mpi_ops also holds these (the blocking ops are hora.torch's, from autograd)
+    "HorovodInternalError",
+    "ProcessSet",
+    "add_process_set",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "rank",
+    "remove_process_set",
+    "rocm_built",
+    "shutdown",
+    "size",
+    "start_timeline",
+    "stop_timeline",
 ]

@@ -40,21 +40,20 @@ def test_mpi_ops_holds_horovods_names() -> None:
     from hora.torch.mpi_ops import (  # all of them live in horovod.torch.mpi_ops
         HorovodInternalError,
         ProcessSet,
-        allgather,
-        allreduce,
-        alltoall,
-        broadcast,
-        grouped_allreduce,
+        allreduce_async_,
+        global_process_set,
         init,
+        local_rank,
+        mpi_threads_supported,
         rank,
-        reducescatter,
         size,
+        synchronize,
     )
 
-    assert allreduce is hvd.allreduce and allgather is hvd.allgather
-    assert broadcast is hvd.broadcast and alltoall is hvd.alltoall
-    assert reducescatter is hvd.reducescatter and grouped_allreduce is hvd.grouped_allreduce
-    assert (init, rank, size) == (hvd.init, hvd.rank, hvd.size)
+    assert (init, rank, size, local_rank) == (hvd.init, hvd.rank, hvd.size, hvd.local_rank)
+    assert mpi_threads_supported is hvd.mpi_threads_supported
+    assert (allreduce_async_, synchronize) == (hvd.allreduce_async_, hvd.synchronize)
     assert HorovodInternalError is hvd.HorovodInternalError and ProcessSet is hvd.ProcessSet
+    assert global_process_set is hvd.global_process_set
     with pytest.raises(ImportError):
         from hora.torch.mpi_ops import no_such_name  # noqa: F401
