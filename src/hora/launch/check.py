@@ -122,7 +122,9 @@ def _mpi() -> Finding:
             "apt-get install libopenmpi-dev openmpi-bin) and pip install 'hora[mpi]'",
         )
     if sys.modules.get("mpi4py.MPI", False) is None:  # imports of it are blocked here
-        return _broken("backends", "MPI", "mpi4py.MPI cannot be imported", "pip install 'hora[mpi]'")
+        return _broken(
+            "backends", "MPI", "mpi4py.MPI cannot be imported", "pip install 'hora[mpi]'"
+        )
     hint = "check the MPI library mpi4py was built for (MPI4PY_LIBMPI, LD_LIBRARY_PATH)"
     try:
         done = subprocess.run(
@@ -154,7 +156,8 @@ def _gloo() -> Finding:
             "backends",
             "Gloo",
             False,
-            f"{MISSING}: needs PyTorch's torch.distributed; install with: pip install 'hora[torch]'",
+            f"{MISSING}: needs PyTorch's torch.distributed; "
+            "install with: pip install 'hora[torch]'",
         )
     try:
         dist = importlib.import_module("torch.distributed")
