@@ -144,9 +144,7 @@ logging:
 
 def _horovod_file(tmp_path: Path) -> Path:
     path = tmp_path / "horovod.yaml"
-    path.write_text(
-        HOROVOD_CONFIG.format(log=tmp_path / "at.csv", timeline=tmp_path / "tl.json")
-    )
+    path.write_text(HOROVOD_CONFIG.format(log=tmp_path / "at.csv", timeline=tmp_path / "tl.json"))
     return path
 
 
