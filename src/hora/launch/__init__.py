@@ -7,3 +7,15 @@ and their environment is built in :mod:`.workerenv`. Everything the CLI does is 
 from Python (:func:`.api.run`, ``Job``). The launcher runs in one main thread plus pump and
 waiter threads per worker; see each module for its threading.
 """
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    """``hora.launch.run`` (Horovod's ``horovod.runner.run``) is :func:`.api.run`, imported on
+    first use."""
+    if name == "run":
+        from hora.launch.api import run
+
+        return run
+    raise AttributeError(f"module 'hora.launch' has no attribute {name!r}")

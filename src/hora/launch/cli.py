@@ -131,6 +131,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="put the time before each output line's [rank] prefix",
     )
     g.add_argument(
+        "--as-horovod",
+        action="store_true",
+        default=None,
+        help="run Horovod scripts unchanged: in the workers, `import horovod.torch` (and every "
+        "horovod.* name hora has) gives hora's module (sets HORA_AS_HOROVOD=1)",
+    )
+    g.add_argument(
         "--disable-cache",
         action="store_true",
         default=None,
@@ -321,6 +328,12 @@ def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) ->
     origin = {**file_launch.pop("origin", {}), **_given_flags(args)}
     if args.tcp:
         env["NCCL_IB_DISABLE"] = "1"
+    if getattr(args, "as_horovod", None):
+        from hora import as_horovod
+
+        env[as_horovod.ENV] = "1"
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = as_horovod.shim_path() + (os.pathsep + path if path else "")
     if args.np is None:
         raise ValueError("-np is required: the number of processes, e.g. hora run -np 4 ...")
     if args.hosts:

@@ -11,8 +11,9 @@ from hora.launch import cli
 from hora.settings import MiB
 
 FLAGS = [
-    "--autotune", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise",
-    "--autotune-log-file", "--autotune-steps-per-sample", "--autotune-warmup-samples",
+    "--as-horovod", "--autotune", "--autotune-bayes-opt-max-samples",
+    "--autotune-gaussian-process-noise", "--autotune-log-file", "--autotune-steps-per-sample",
+    "--autotune-warmup-samples",
     "--binding-args", "--blacklist-cooldown-range", "--cache-capacity", "--check-build",
     "--config-file", "--cpu-bind", "--cycle-time-ms", "--disable-cache", "--elastic-timeout",
     "--fusion-threshold-mb", "--gloo", "--gloo-timeout-seconds", "--help",
