@@ -305,6 +305,47 @@ def _given_flags(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
+# Launcher flags and the smallest value each takes (checked before anything starts).
+_AT_LEAST = {
+    "--min-np": ("min_np", 1),
+    "--max-np": ("max_np", 1),
+    "--slots-per-host": ("slots_per_host", 1),
+    "--reset-limit": ("reset_limit", 0),
+    "--ssh-port": ("ssh_port", 1),
+}
+_ELASTIC_ONLY = ("--slots-per-host", "--elastic-timeout", "--reset-limit",
+                 "--blacklist-cooldown-range")  # fmt: skip
+
+
+def _check_launcher_flags(args: argparse.Namespace) -> list[str]:
+    """ValueError naming the first launcher flag out of range; the notes for flags that have
+    nothing to do in this job."""
+    for flag, (dest, low) in _AT_LEAST.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < low:
+            raise ValueError(f"{flag}={value}: must be >= {low}")
+    if args.ssh_port is not None and args.ssh_port > 65535:
+        raise ValueError(f"--ssh-port={args.ssh_port}: must be a port number, 1-65535")
+    if args.elastic_timeout is not None and args.elastic_timeout <= 0:
+        raise ValueError(f"--elastic-timeout={args.elastic_timeout:g}: must be > 0 (seconds)")
+    if args.min_np is not None and args.max_np is not None and args.max_np < args.min_np:
+        raise ValueError(f"--max-np={args.max_np}: must be >= --min-np {args.min_np}")
+    if args.blacklist_cooldown_range is not None:
+        low, high = args.blacklist_cooldown_range
+        if low < 0 or high < low:
+            raise ValueError(
+                f"--blacklist-cooldown-range={low} {high}: expected MIN MAX seconds with "
+                "0 <= MIN <= MAX"
+            )
+    notes = []
+    elastic = args.min_np is not None or args.max_np is not None or args.host_discovery_script
+    if not elastic:
+        notes += [f"{flag}: only elastic jobs (--min-np, --max-np, --host-discovery-script) "
+                  "use it; this job is static" for flag in _ELASTIC_ONLY
+                  if getattr(args, _dest(flag), None) is not None]  # fmt: skip
+    return notes
+
+
 def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) -> LaunchConfig:
     """Turn parsed ``hora run`` arguments into a LaunchConfig (flags > config file > env).
 
@@ -315,11 +356,10 @@ def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) ->
             raise ValueError(f"{flag}: {message}")
     notes = [f"{flag}: {message}" for flag, message in NO_EFFECT.items()
              if getattr(args, _dest(flag), None) not in (None, False)]  # fmt: skip
+    notes += _check_launcher_flags(args)
     file_knobs, file_launch = read_config_file(args.config_file) if args.config_file else ({}, {})
     notes += [f"{args.config_file}: {section}.{key}: {NO_EFFECT_KEYS[(section, key)]}; ignored"
               for section, key in file_launch.pop("no_effect", [])]  # fmt: skip
-    for note in notes:
-        log.info("hora run: note: %s", note)
     flag_knobs = {
         k.field: knob_from_flag(k, getattr(args, k.field))
         for k in KNOBS
@@ -361,11 +401,16 @@ def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) ->
     def pick(name: str, flag_value: object, default: object) -> object:
         return flag_value if flag_value is not None else file_launch.get(name, default)
 
-    return LaunchConfig(
+    backend = str(pick("backend", args.backend, "native"))
+    if backend != "mpi":
+        notes += [f"{flag}: only used with --mpi (mpirun); this job does not use mpirun"
+                  for flag in ("--binding-args", "--mpi-args")
+                  if getattr(args, _dest(flag), None)]  # fmt: skip
+    config = LaunchConfig(
         command=list(args.command),
         np=args.np,
         hosts=hosts,
-        backend=str(pick("backend", args.backend, "native")),
+        backend=backend,
         tcp_flag=bool(args.tcp),
         ssh_port=args.ssh_port,
         ssh_identity_file=args.ssh_identity_file,
@@ -381,6 +426,9 @@ def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) ->
         settings=resolve_settings(env, file_knobs, flag_knobs, origin),
         env=env,
     )
+    for note in notes:  # once, at start-up, for a launch that goes ahead
+        log.info("hora run: note: %s", note)
+    return config
 
 
 def elastic_options(args: argparse.Namespace, config: LaunchConfig) -> Any:

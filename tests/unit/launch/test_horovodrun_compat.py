@@ -296,3 +296,30 @@ def test_init_validates_for_processes_started_without_hora_run(env, message) -> 
         env={**clean, **env, "PYTHONPATH": SRC},
     )  # fmt: skip
     assert f"ERROR {message}" in done.stdout or message in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--min-np", "0"], "--min-np=0: must be >= 1"),
+        (["--min-np", "3", "--max-np", "2"], "--max-np=2: must be >= --min-np 3"),
+        (["--slots-per-host", "0"], "--slots-per-host=0: must be >= 1"),
+        (["--reset-limit", "-1"], "--reset-limit=-1: must be >= 0"),
+        (["--elastic-timeout", "0"], "--elastic-timeout=0: must be > 0"),
+        (["--blacklist-cooldown-range", "9", "3"], "--blacklist-cooldown-range=9 3"),
+        (["-p", "70000"], "--ssh-port=70000"),
+    ],
+)
+def test_launcher_flags_out_of_range_are_refused(argv, message) -> None:
+    with pytest.raises(ValueError) as info:
+        _config(["-np", "2", *argv, "x"])
+    assert message in str(info.value)
+
+
+def test_flags_a_static_job_does_not_use_are_named_once(caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="hora.launch"):
+        _config(["-np", "2", "--reset-limit", "3", "--mpi-args", "-x FOO", "x"])
+        _config(["-np", "2", "--mpi", "--mpi-args", "-x FOO", "x"])
+    notes = [r.getMessage() for r in caplog.records]
+    assert sum("--reset-limit" in n for n in notes) == 1
+    assert sum("--mpi-args" in n for n in notes) == 1  # not for the --mpi job
