@@ -80,7 +80,18 @@ def _tensorflow() -> Finding:
         return Finding(
             "frameworks", "TensorFlow", False, "installed, but this hora has no hora.tensorflow"
         )
-    return Finding("frameworks", "TensorFlow", True, "hora.tensorflow")
+    # in a child process: importing TensorFlow is slow, and a broken one can end the process
+    code = "import tensorflow as tf, hora.tensorflow; print(tf.__version__)"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return _broken("frameworks", "TensorFlow", e)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exited with {done.returncode}"]
+        return _broken("frameworks", "TensorFlow", lines[-1])
+    return Finding("frameworks", "TensorFlow", True, f"tensorflow {done.stdout.strip()}")
 
 
 def _numpy() -> Finding:
