@@ -218,11 +218,11 @@ def rocm_built() -> bool:
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
-    """``hora.run`` is :func:`hora.launch.api.run` itself (so ``help(hora.run)`` and
+    """``hora.run`` is :func:`hora.runner.run` itself (so ``help(hora.run)`` and
     ``inspect.signature`` show horovod.run's parameters), imported on first use: the launcher
     is not loaded by ``import hora``."""
     if name == "run":
-        from hora.launch.api import run
+        from hora.runner import run
 
         globals()["run"] = run
         return run

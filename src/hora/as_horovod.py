@@ -2,12 +2,12 @@
 
 Off unless asked for: ``hora run --as-horovod`` (its workers), or ``HORA_AS_HOROVOD=1`` in the
 environment of a process that hora run does not start (a Spark or Ray worker). Then
-``horovod`` is ``hora``, ``horovod.runner`` is ``hora.launch`` and every other
-``horovod.<name>`` is ``hora.<name>`` when hora has that module (``horovod.torch``,
-``horovod.torch.mpi_ops``, ``horovod.common.util``, ``horovod.tensorflow``, ...), the same module
-objects, so classes, errors and state are shared whichever name imported them. A name hora has
-no module for fails as a missing module does. Without it, hora makes nothing named ``horovod``
-importable and never hides a real Horovod installation.
+``horovod`` is ``hora`` and every ``horovod.<name>`` is ``hora.<name>`` when hora has that
+module (``horovod.torch``, ``horovod.torch.mpi_ops``, ``horovod.common.util``,
+``horovod.runner``, ``horovod.tensorflow``, ...): the same module objects, so classes, errors
+and state are shared whichever name imported them. A name hora has no module for fails as a
+missing module does. Without it, hora makes nothing named ``horovod`` importable and never
+hides a real Horovod installation.
 
 How a process turns it on: :func:`install` puts :class:`HorovodAliases` first on
 ``sys.meta_path``. ``hora run --as-horovod`` puts :func:`shim_path` first on the workers'
@@ -30,17 +30,12 @@ from types import ModuleType
 from typing import Any
 
 ENV = "HORA_AS_HOROVOD"
-# horovod's module -> hora's, where the name differs; every other horovod.X is hora.X
-RENAMED = {"horovod.runner": "hora.launch"}
 
 
 def target(name: str) -> str | None:
     """hora's module for Horovod's module ``name`` (None: not a horovod name)."""
     if name != "horovod" and not name.startswith("horovod."):
         return None
-    for old, new in RENAMED.items():
-        if name == old or name.startswith(old + "."):
-            return new + name[len(old) :]
     return "hora" + name[len("horovod") :]
 
 

@@ -75,11 +75,11 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.process_sets import global_process_set
 from horovod.common.util import gpu_available
 from horovod.runner import run
-import hora, hora.torch, hora.errors, hora.launch.api, hora.torch.mpi_ops
+import hora, hora.torch, hora.errors, hora.runner, hora.torch.mpi_ops
 import torch
 
 assert horovod is hora and hvd is hora.torch and mpi_ops is hora.torch.mpi_ops
-assert HorovodInternalError is hora.errors.HorovodInternalError and run is hora.launch.api.run
+assert HorovodInternalError is hora.errors.HorovodInternalError and run is hora.runner.run
 hvd.init()
 total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
 print("as-horovod", hvd.rank(), hvd.size(), float(total[0]), gpu_available("torch") in (0, 1))

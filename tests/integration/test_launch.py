@@ -175,7 +175,7 @@ def test_mpi_launch_prints_open_mpi_ranks() -> None:
 @pytest.mark.timeout(90)
 def test_run_api_returns_results_by_rank() -> None:
     from hora.errors import LaunchError
-    from hora.launch.api import run
+    from hora.runner import run
 
     # Defined here so that cloudpickle sends them by value (workers cannot import this file).
     def rank_info(scale: int) -> tuple[int, int, int]:
@@ -201,7 +201,7 @@ def test_run_api_names_a_rank_that_aborts_after_returning() -> None:
     """A rank whose value came back but whose process then died (here: an abort at exit, as a
     C++ library can do) fails the job with a message that says so and names the signal."""
     from hora.errors import LaunchError
-    from hora.launch.api import run
+    from hora.runner import run
 
     def aborts_at_exit_on_rank_one() -> int:
         import atexit
