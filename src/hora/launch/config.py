@@ -10,6 +10,7 @@ Plain data and pure functions; thread-safe.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,9 +81,26 @@ class LaunchConfig:
         validate(self.settings)
         if is_local_host(self.host_list()[0].name):  # rank 0 writes its files here
             check_paths(self.settings)
+        if self.output_filename:  # the launcher writes DIR/rank.N/{stdout,stderr}
+            wrong = _folder_problem(self.output_filename)
+            if wrong:
+                raise ValueError(f"--output-filename={self.output_filename}: {wrong}")
 
     def host_list(self) -> list[HostSlots]:
         return self.hosts or [HostSlots("localhost", self.np)]
+
+
+def _folder_problem(path: str) -> str | None:
+    """Why the folder ``path`` cannot be created or written to, or None."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(full) and not os.path.isdir(full):
+        return "is a file; give a folder"
+    existing = full
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not a folder this user can write to"
+    return None
 
 
 def _knob_value(knob: Knob, value: Any, where: str) -> Any:

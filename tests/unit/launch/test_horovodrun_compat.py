@@ -254,6 +254,7 @@ BAD = [
     (["--timeline-filename", "/nonexistent-folder/tl.json"], {}, "does not exist"),
     ([], {"HOROVOD_TIMELINE": "/nonexistent-folder/tl.json"}, "HOROVOD_TIMELINE="),
     ([], {"HOROVOD_START_TIMEOUT": "soon"}, "HOROVOD_START_TIMEOUT='soon'"),
+    (["--output-filename", "/dev/null/out"], {}, "--output-filename=/dev/null/out: /dev/null"),
 ]
 
 
