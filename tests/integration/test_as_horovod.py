@@ -144,8 +144,10 @@ def test_environment_variable_in_processes_hora_run_does_not_start(tmp_path) -> 
     target = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(target)
     python = str(target / "bin" / "python")
-    copy = tmp_path / "hora-src"
-    subprocess.run(["cp", "-r", str(ROOT), str(copy)], check=True)
+    copy = tmp_path / "hora-src"  # what a source distribution holds, without the checkout
+    copy.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "src"):
+        subprocess.run(["cp", "-r", str(ROOT / name), str(copy / name)], check=True)
     done = subprocess.run(
         [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
          "--no-build-isolation", str(copy)],
