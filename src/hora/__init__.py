@@ -217,11 +217,16 @@ def rocm_built() -> bool:
     return getattr(torch.version, "hip", None) is not None
 
 
-def run(*args, **kwargs):  # type: ignore[no-untyped-def]
-    """Run a function on every rank: see :func:`hora.launch.api.run`."""
-    from hora.launch.api import run as _run
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``hora.run`` is :func:`hora.runner.run` itself (so ``help(hora.run)`` and
+    ``inspect.signature`` show horovod.run's parameters), imported on first use: the launcher
+    is not loaded by ``import hora``."""
+    if name == "run":
+        from hora.runner import run
 
-    return _run(*args, **kwargs)
+        globals()["run"] = run
+        return run
+    raise AttributeError(f"module 'hora' has no attribute {name!r}")
 
 
 __all__ = [

@@ -6,6 +6,11 @@ a Horovod YAML config file it lives in. :func:`load` builds one typed :class:`Se
 environment; the launcher exports a Settings back into the workers' environment with
 :func:`to_env`. Tests check that the CLI, this table and the docs name the same knobs.
 
+Every knob also says what values are valid (range, choices, a writable path);
+:func:`validate` and :func:`check_paths` check them once, in the launcher before any worker
+starts and in ``init`` for processes started otherwise, and raise :class:`SettingError` with
+one line naming the setting as it was given.
+
 Pure data, no threads; safe to import from anywhere (it imports nothing else of hora).
 """
 
@@ -31,6 +36,11 @@ class Knob:
     flag: str | None = None  # `hora run` flag, when there is one
     section: str | None = None  # Horovod config-file section
     key: str | None = None  # key inside that section
+    low: float | None = None  # smallest valid value (numbers)
+    high: float | None = None  # largest valid value (numbers)
+    positive: bool = False  # must be > 0 (numbers)
+    choices: tuple[str, ...] | None = None  # valid values, compared without case (strings)
+    path: bool = False  # a file rank 0 writes: its folder must exist and be writable
 
     @property
     def env_names(self) -> tuple[str, str]:
@@ -38,6 +48,17 @@ class Knob:
 
 
 MiB = 1 << 20
+
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+CONTROLLERS = ("native", "gloo", "mpi")
+CPU_OPERATIONS = ("native", "gloo", "mpi", "nccl")
+GPU_OPERATIONS = ("nccl", "mpi", "gloo", "native")
+CPU_BIND = ("auto", "none")
+# Libraries Horovod can be built with and hora does not have: name -> what to use instead.
+NOT_BUILT = {
+    "ccl": "Intel oneCCL",
+    "ddl": "IBM DDL",
+}
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -49,6 +70,7 @@ KNOBS: tuple[Knob, ...] = (
         "--fusion-threshold-mb",
         "params",
         "fusion_threshold_mb",
+        low=0,
     ),
     Knob(
         "cycle_time_ms",
@@ -59,6 +81,7 @@ KNOBS: tuple[Knob, ...] = (
         "--cycle-time-ms",
         "params",
         "cycle_time_ms",
+        low=0,
     ),
     Knob(
         "cache_capacity",
@@ -69,6 +92,7 @@ KNOBS: tuple[Knob, ...] = (
         "--cache-capacity",
         "params",
         "cache_capacity",
+        low=0,
     ),
     Knob(
         "hierarchical_allreduce",
@@ -109,6 +133,7 @@ KNOBS: tuple[Knob, ...] = (
         "--timeline-filename",
         "timeline",
         "filename",
+        path=True,
     ),
     Knob(
         "timeline_mark_cycles",
@@ -139,6 +164,7 @@ KNOBS: tuple[Knob, ...] = (
         "--autotune-log-file",
         "autotune",
         "log_file",
+        path=True,
     ),
     Knob(
         "autotune_warmup_samples",
@@ -149,6 +175,7 @@ KNOBS: tuple[Knob, ...] = (
         "--autotune-warmup-samples",
         "autotune",
         "warmup_samples",
+        low=0,
     ),
     Knob(
         "autotune_steps_per_sample",
@@ -159,6 +186,7 @@ KNOBS: tuple[Knob, ...] = (
         "--autotune-steps-per-sample",
         "autotune",
         "steps_per_sample",
+        low=1,
     ),
     Knob(
         "autotune_bayes_opt_max_samples",
@@ -169,6 +197,7 @@ KNOBS: tuple[Knob, ...] = (
         "--autotune-bayes-opt-max-samples",
         "autotune",
         "bayes_opt_max_samples",
+        low=0,
     ),
     Knob(
         "autotune_gaussian_process_noise",
@@ -179,6 +208,8 @@ KNOBS: tuple[Knob, ...] = (
         "--autotune-gaussian-process-noise",
         "autotune",
         "gaussian_process_noise",
+        low=0,
+        high=1,
     ),
     Knob(
         "stall_check_disable",
@@ -199,6 +230,7 @@ KNOBS: tuple[Knob, ...] = (
         "--stall-check-warning-time-seconds",
         "stall_check",
         "warning_time_seconds",
+        low=0,
     ),
     Knob(
         "stall_shutdown_time_seconds",
@@ -209,6 +241,7 @@ KNOBS: tuple[Knob, ...] = (
         "--stall-check-shutdown-time-seconds",
         "stall_check",
         "shutdown_time_seconds",
+        low=0,
     ),
     Knob(
         "log_level",
@@ -219,6 +252,7 @@ KNOBS: tuple[Knob, ...] = (
         "--log-level",
         "logging",
         "level",
+        choices=LOG_LEVELS,
     ),
     Knob(
         "log_hide_time",
@@ -239,6 +273,7 @@ KNOBS: tuple[Knob, ...] = (
         None,
         "controller",
         None,
+        choices=CONTROLLERS,
     ),
     Knob(
         "cpu_operations",
@@ -249,6 +284,7 @@ KNOBS: tuple[Knob, ...] = (
         None,
         None,
         None,
+        choices=CPU_OPERATIONS,
     ),
     Knob(
         "gpu_operations",
@@ -259,6 +295,7 @@ KNOBS: tuple[Knob, ...] = (
         None,
         None,
         None,
+        choices=GPU_OPERATIONS,
     ),
     Knob(
         "dynamic_process_sets",
@@ -282,6 +319,7 @@ KNOBS: tuple[Knob, ...] = (
         None,
         None,
         None,
+        positive=True,
     ),
     Knob(
         "gloo_timeout_seconds",
@@ -290,8 +328,9 @@ KNOBS: tuple[Knob, ...] = (
         "GLOO_TIMEOUT_SECONDS",
         "Seconds to wait for peers while connecting.",
         "--gloo-timeout-seconds",
-        None,
-        None,
+        "library_options",
+        "gloo_timeout_seconds",
+        positive=True,
     ),
     Knob("gloo_iface", str, "", "GLOO_IFACE", "Network interface to listen on.", None, None, None),
     Knob(
@@ -302,8 +341,8 @@ KNOBS: tuple[Knob, ...] = (
         "Initialise MPI with MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE "
         "(hvd.mpi_threads_supported() is then False).",
         "--mpi-threads-disable",
-        None,
-        None,
+        "library_options",
+        "mpi_threads_disable",
     ),
     Knob(
         "shm_disable",
@@ -324,6 +363,7 @@ KNOBS: tuple[Knob, ...] = (
         None,
         None,
         None,
+        positive=True,
     ),
     Knob(
         "cpu_bind",
@@ -335,8 +375,9 @@ KNOBS: tuple[Knob, ...] = (
         "small collectives but confines everything else the process runs (torch threads, "
         "DataLoader workers, torch.distributed) to that slice, which can slow training.",
         "--cpu-bind",
-        None,
-        None,
+        "library_options",
+        "cpu_bind",
+        choices=CPU_BIND,
     ),
     Knob(
         "thread_affinity",
@@ -346,15 +387,34 @@ KNOBS: tuple[Knob, ...] = (
         "Cores to pin the engine thread to, one per local rank (comma-separated; local rank i "
         "takes the i-th).",
         "--thread-affinity",
-        None,
-        None,
+        "library_options",
+        "thread_affinity",
+    ),
+    Knob(
+        "num_nccl_streams",
+        int,
+        1,
+        "NUM_NCCL_STREAMS",
+        "NCCL streams per device (accepted for Horovod; hora's NCCL backend runs on one "
+        "torch.distributed process group, so it changes nothing).",
+        "--num-nccl-streams",
+        "library_options",
+        "num_nccl_streams",
+        low=0,
     ),
 )
 
 KNOB_BY_FIELD: dict[str, Knob] = {k.field: k for k in KNOBS}
 
 
-def _parse(knob: Knob, raw: str) -> Any:
+class SettingError(ValueError):
+    """A setting hora cannot use. The message is one line: the setting as it was given (flag,
+    variable or config-file key), its value, and what is valid."""
+
+
+def _parse(knob: Knob, raw: str, name: str | None = None) -> Any:
+    """``raw`` (the text of variable ``name``) as the knob's type; SettingError if it is not."""
+    name = name or knob.env_names[0]
     raw = raw.strip()
     if knob.type is bool:
         low = raw.lower()
@@ -362,11 +422,102 @@ def _parse(knob: Knob, raw: str) -> Any:
             return True
         if low in _FALSE:
             return False
-        raise ValueError(f"{knob.env_names[0]}={raw!r}: expected 0/1, true/false")
+        raise SettingError(f"{name}={raw!r}: expected 0/1, true/false")
     try:
         return knob.type(raw)
     except ValueError:
-        raise ValueError(f"{knob.env_names[0]}={raw!r}: expected a {knob.type.__name__}") from None
+        raise SettingError(
+            f"{name}={raw!r}: expected a{'n' if knob.type is int else ''} {knob.type.__name__}"
+        ) from None
+
+
+_ALIASES = ("tcp", "hora")  # accepted for native by the controller and CPU-operations knobs
+
+
+def _what(knob: Knob) -> str:
+    """The knob's doc up to its first full stop or parenthesis, in lower case."""
+    text = knob.doc.split(" (")[0].split(". ")[0].rstrip(".")
+    return text[:1].lower() + text[1:]
+
+
+def problem(knob: Knob, value: Any) -> str | None:
+    """What is wrong with ``value`` for ``knob`` (type already checked), or None."""
+    if knob.type in (int, float) and not isinstance(value, bool):
+        if knob.positive and value <= 0:
+            return f"must be > 0 ({_what(knob)})"
+        if knob.low is not None and value < knob.low:
+            if knob.high is not None:
+                return f"must be in [{knob.low:g}, {knob.high:g}] ({_what(knob)})"
+            return f"must be >= {knob.low:g} ({_what(knob)})"
+        if knob.high is not None and value > knob.high:
+            return f"must be in [{knob.low or 0:g}, {knob.high:g}] ({_what(knob)})"
+    if knob.choices is not None:
+        low = str(value).strip().lower()
+        valid = ", ".join(knob.choices)
+        if low in NOT_BUILT and knob.field in ("cpu_operations", "gpu_operations", "controller"):
+            return (
+                f"{low.upper()} ({NOT_BUILT[low]}) support is not built into hora, as in a "
+                f"Horovod build without HOROVOD_WITH_{low.upper()}; use one of {valid}"
+            )
+        known = {c.lower() for c in knob.choices}
+        if knob.field in ("controller", "cpu_operations"):
+            known |= set(_ALIASES)
+        if low and low not in known:
+            return f"expected one of {valid}"
+    if knob.field == "thread_affinity" and str(value).strip():
+        parts = [p.strip() for p in str(value).split(",")]
+        if not all(p.isdigit() for p in parts):
+            return "expected core ids (0, 1, ...) separated by commas, one per local rank"
+    return None
+
+
+def where(settings: Settings, knob: Knob) -> str:
+    """How ``knob`` was given for ``settings``: its flag, variable or config key."""
+    return settings.origin.get(knob.field) or knob.env_names[1]
+
+
+def _shown(knob: Knob, value: Any, origin: str) -> str:
+    if knob.field == "fusion_threshold" and not origin.startswith(("HORA_", "HOROVOD_")):
+        return f"{value / MiB:g}"  # the flag and the config file take MiB
+    return str(value)
+
+
+def validate(settings: Settings) -> Settings:
+    """Check every knob's range and choices; SettingError naming the first bad one."""
+    for knob in KNOBS:
+        value = getattr(settings, knob.field)
+        wrong = problem(knob, value)
+        if wrong:
+            origin = where(settings, knob)
+            raise SettingError(f"{origin}={_shown(knob, value, origin)}: {wrong}")
+    return settings
+
+
+def path_problem(path: str) -> str | None:
+    """Why a file cannot be written at ``path`` by this process, or None."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(full):
+        return "is a folder; give a file name"
+    folder = os.path.dirname(full)
+    if not os.path.isdir(folder):
+        return f"the folder {folder} does not exist"
+    if os.path.exists(full) and not os.access(full, os.W_OK):
+        return "the file exists and is not writable"
+    if not os.access(folder, os.W_OK):
+        return f"the folder {folder} is not writable"
+    return None
+
+
+def check_paths(settings: Settings) -> None:
+    """The files rank 0 will write (timeline, autotune log) can be created: SettingError if not.
+    Run where rank 0 runs (the launcher, for a rank 0 on its own host; ``init`` on rank 0)."""
+    for knob in KNOBS:
+        value = getattr(settings, knob.field)
+        if not knob.path or not value or value == "DYNAMIC":
+            continue
+        wrong = path_problem(str(value))
+        if wrong:
+            raise SettingError(f"{where(settings, knob)}={value}: {wrong}")
 
 
 @dataclass
@@ -405,31 +556,38 @@ class Settings:
     liveness_timeout_seconds: float = 5.0
     cpu_bind: str = "none"
     thread_affinity: str = ""
+    num_nccl_streams: int = 1
     explicit: frozenset[str] = field(default_factory=frozenset)  # fields set by env
+    # field -> how it was given ("HOROVOD_CYCLE_TIME", "--cycle-time-ms", "f.yaml: params.x"),
+    # for error messages; fields not named here came from their default
+    origin: Mapping[str, str] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
 
 def load(env: Mapping[str, str] | None = None) -> Settings:
-    """Read every knob from ``env`` (default ``os.environ``): ``HORA_X`` wins over ``HOROVOD_X``."""
+    """Read every knob from ``env`` (default ``os.environ``): ``HORA_X`` wins over ``HOROVOD_X``.
+
+    Validated (:func:`validate`): a value of the wrong type, out of range or not among the
+    choices raises SettingError naming the variable."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
-    explicit = set()
+    origin: dict[str, str] = {}
     for knob in KNOBS:
         for name in knob.env_names:
             if name in env:
-                values[knob.field] = _parse(knob, env[name])
-                explicit.add(knob.field)
+                values[knob.field] = _parse(knob, env[name], name)
+                origin[knob.field] = name
                 break
     # Horovod also accepts HOROVOD_GPU_ALLREDUCE=NCCL as a GPU-operations selector.
     if "gpu_operations" not in values:
         for name in ("HORA_GPU_ALLREDUCE", "HOROVOD_GPU_ALLREDUCE"):
             if env.get(name):
                 values["gpu_operations"] = env[name]
-                explicit.add("gpu_operations")
+                origin["gpu_operations"] = name
                 break
-    return Settings(**values, explicit=frozenset(explicit))
+    return validate(Settings(**values, explicit=frozenset(origin), origin=origin))
 
 
 def to_env(settings: Settings, only_explicit: bool = True) -> dict[str, str]:

@@ -175,7 +175,7 @@ def test_mpi_launch_prints_open_mpi_ranks() -> None:
 @pytest.mark.timeout(90)
 def test_run_api_returns_results_by_rank() -> None:
     from hora.errors import LaunchError
-    from hora.launch.api import run
+    from hora.runner import run
 
     # Defined here so that cloudpickle sends them by value (workers cannot import this file).
     def rank_info(scale: int) -> tuple[int, int, int]:
@@ -186,14 +186,14 @@ def test_run_api_returns_results_by_rank() -> None:
             raise ZeroDivisionError("rank one failed")
         time.sleep(60)
 
-    results = run(rank_info, args=(10,), np=3)
+    results = run(rank_info, args=(10,), num_proc=3)
     assert [r[:2] for r in results] == [(0, 3), (10, 3), (20, 3)]
     assert len({r[2] for r in results}) == 3 and os.getpid() not in {r[2] for r in results}
     with pytest.raises(LaunchError, match="rank 1 raised") as info:
-        run(fails_on_rank_one, np=2)
+        run(fails_on_rank_one, num_proc=2)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
     with pytest.raises(LaunchError, match="could not be sent back"):
-        run(threading.Lock, np=1)
+        run(threading.Lock, num_proc=1)
 
 
 @pytest.mark.timeout(90)
@@ -201,7 +201,7 @@ def test_run_api_names_a_rank_that_aborts_after_returning() -> None:
     """A rank whose value came back but whose process then died (here: an abort at exit, as a
     C++ library can do) fails the job with a message that says so and names the signal."""
     from hora.errors import LaunchError
-    from hora.launch.api import run
+    from hora.runner import run
 
     def aborts_at_exit_on_rank_one() -> int:
         import atexit
@@ -224,7 +224,7 @@ def test_run_api_names_a_rank_that_aborts_after_returning() -> None:
         return ident.rank
 
     with pytest.raises(LaunchError) as info:
-        run(aborts_at_exit_on_rank_one, np=2)
+        run(aborts_at_exit_on_rank_one, num_proc=2)
     assert re.search(
         r"every rank returned its result, then rank 1 exited with status "
         r"(-6 \(killed by SIGABRT\)|134 \(SIGABRT, as a shell reports it\)) while shutting down",

@@ -20,7 +20,7 @@ from typing import Any
 
 from hora.backends.base import Backend
 from hora.identity import Identity
-from hora.settings import Settings
+from hora.settings import NOT_BUILT, Settings
 
 log = logging.getLogger("hora.backends")
 
@@ -56,6 +56,12 @@ def select(settings: Settings) -> str:
         log.info("HOROVOD_GPU_OPERATIONS=%s ignored: no GPU here", settings.gpu_operations)
     raw = (chosen or "").strip().lower()
     name = ALIASES.get(raw, raw)
+    if name in NOT_BUILT:  # as Horovod answers when it was built without the library
+        raise ValueError(
+            f"HOROVOD_CPU_OPERATIONS/HOROVOD_GPU_OPERATIONS={raw!r}: {name.upper()} "
+            f"({NOT_BUILT[name]}) support is not built into hora; use one of "
+            f"{', '.join(sorted(BACKENDS))}"
+        )
     if name not in BACKENDS:
         known = ", ".join(sorted(BACKENDS))
         raise ValueError(

@@ -1,8 +1,6 @@
-"""``hora.common``: where Horovod scripts import ``horovod.common``'s public pieces from.
-
-``from horovod.common.exceptions import HorovodInternalError`` becomes
-``from hora.common.exceptions import HorovodInternalError``, and
-``from horovod.common.process_sets import ProcessSet`` becomes
-``from hora.common.process_sets import ProcessSet``. These modules only re-export what lives
-elsewhere in hora (``hora.errors``, ``hora.core.process_sets``, ``hora.frameworks.ops``).
+"""``hora.common``: the framework-independent pieces under the module names Horovod gives them
+in ``horovod.common`` (``util``, ``exceptions``, ``process_sets``, ``elastic``), so that code
+written against ``horovod.common`` works after changing the import (or unchanged, with
+``hora run --as-horovod``). Re-exports only; the implementations live in ``hora.core``,
+``hora.errors`` and ``hora.elastic``.
 """

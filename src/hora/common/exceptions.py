@@ -1,6 +1,4 @@
-"""Horovod's ``horovod.common.exceptions``: the error classes, re-exported from ``hora.errors``."""
-
-from __future__ import annotations
+"""``horovod.common.exceptions``: the error classes scripts catch, from :mod:`hora.errors`."""
 
 from hora.errors import (
     HorovodInternalError,

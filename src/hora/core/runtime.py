@@ -1,6 +1,8 @@
 """init, shutdown, topology and process sets: one :class:`Runtime` per ``init()``.
 
-``init`` reads the identity and settings, connects to the rendezvous store (starting it on
+``init`` reads the identity and settings (validated as the launcher validates them: a bad
+value raises ValueError naming the variable; rank 0 checks that its timeline and autotune log
+can be written), connects to the rendezvous store (starting it on
 rank 0 when the environment says this rank hosts it), builds the transport, the backend and the
 engine, registers the process sets, and installs an ``atexit`` shutdown. ``shutdown`` stops the
 engine; ``init`` may be called again afterwards (a new generation of connections).
@@ -29,7 +31,7 @@ from hora.core.process_sets import ProcessSet, global_process_set
 from hora.elastic.rendezvous import is_elastic_worker, join
 from hora.errors import NOT_INITIALIZED_MESSAGE
 from hora.identity import Identity, detect
-from hora.settings import Settings, env_lookup, load
+from hora.settings import Settings, check_paths, env_lookup, load
 
 log = logging.getLogger("hora")
 
@@ -125,6 +127,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             generation, mpi_job = f"e{_elastic_round}", None
         else:
             identity, mpi_job = _mpi_world(comm, detect(), settings)
+        if identity.rank == 0:  # the files rank 0 writes (the launcher checked them already)
+            check_paths(settings)
         _configure_logging(settings)
         _bind_cpus(identity, settings.cpu_bind)
         core = engine_core(identity, settings.thread_affinity)

@@ -281,10 +281,10 @@ def _launch(config: ScalingConfig, spec: TrainSpec, backend: str, place: Placeme
     import hora
 
     return hora.run(
-        train, args=(spec,), np=place.np, hosts=place.hosts_arg(), use_gloo=backend == "gloo",
-        use_mpi=backend == "mpi", env=_worker_env(), start_timeout=config.start_timeout,
-        ssh_port=config.ssh_port, ssh_identity_file=config.ssh_identity_file,
-        ssh_config_file=config.ssh_config_file,
+        train, args=(spec,), num_proc=place.np, hosts=place.hosts_arg(),
+        use_gloo=backend == "gloo", use_mpi=backend == "mpi", env=_worker_env(),
+        start_timeout=config.start_timeout, ssh_port=config.ssh_port,
+        ssh_identity_file=config.ssh_identity_file, ssh_config_file=config.ssh_config_file,
     )  # fmt: skip
 
 
@@ -300,7 +300,7 @@ def collect_environment(config: ScalingConfig) -> list[dict[str, str]]:
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
         found = list(
             hora.run(
-                envreport.collect, np=len(names), hosts=",".join(f"{n}:1" for n in names),
+                envreport.collect, num_proc=len(names), hosts=",".join(f"{n}:1" for n in names),
                 env=_worker_env(), start_timeout=config.start_timeout, ssh_port=config.ssh_port,
                 ssh_identity_file=config.ssh_identity_file, ssh_config_file=config.ssh_config_file,
             )

@@ -1,9 +1,10 @@
-"""``hora.run(func, ...)``: run a Python function on every rank and return the results.
+"""Running a Python function on every rank of a job and returning the results: the machinery
+behind ``hora.run`` (:mod:`hora.runner`).
 
 For notebooks and for integrations (Ray, Spark): the function and its arguments are
 cloudpickled into the job's rendezvous store, every rank runs ``python -m hora.launch.task``
 (which fetches, calls and stores the outcome), and the list of results ordered by rank comes
-back. A rank that raised makes ``run`` raise, chained to that rank's exception.
+back. A rank that raised makes :func:`run_on_job` raise, chained to that rank's exception.
 
 Runs in the caller's thread; each call is its own job, so concurrent calls from different
 threads do not share state (output from both goes to the same console).
@@ -11,84 +12,39 @@ threads do not share state (output from both goes to the same console).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
 
 from hora.errors import LaunchError
-from hora.launch.config import LaunchConfig
-from hora.launch.hosts import parse_hostfile, parse_hosts
 from hora.launch.job import Job, exit_status
-from hora.launch.task import FUNC_KEY, RESULT_KEY
+from hora.launch.task import FUNC_KEY, RESULT_KEY, SIZE_KEY
 from hora.rendezvous.client import StoreClient
-from hora.settings import Settings, load
 
 
-def run(
+def run_on_job(
+    job: Job,
     func: Callable[..., Any],
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
-    np: int | None = None,
-    hosts: str | None = None,
-    hostfile: str | None = None,
-    *,
-    num_proc: int | None = None,
-    start_timeout: float = 30.0,
-    ssh_port: int | None = None,
-    ssh_identity_file: str | None = None,
-    ssh_config_file: str | None = None,
-    network_interfaces: Sequence[str] = (),
-    output_filename: str | None = None,
-    verbose: bool = False,
-    use_gloo: bool = False,
-    use_mpi: bool = False,
-    mpi_args: str = "",
-    executable: str | None = None,
-    env: Mapping[str, str] | None = None,
-    settings: Settings | None = None,
-    prefix_output_with_timestamp: bool = False,
+    elastic: bool = False,
 ) -> list[Any]:
-    """Run ``func(*args, **kwargs)`` on ``np`` ranks; return the results ordered by rank.
-
-    ``hosts`` is ``-H`` syntax (``"server1:2,server2:2"``), ``hostfile`` a hostfile path;
-    neither: ``np`` ranks on this host. ``num_proc`` is Horovod's name for ``np``. ``env`` is
-    the workers' base environment (default: this process's). Raises LaunchError when a rank
-    fails (chained to its exception when it raised one) or the job cannot start.
-    """
-    count = np if np is not None else num_proc if num_proc is not None else 1
-    if hosts and hostfile:
-        raise ValueError("give hosts or hostfile, not both")
-    if use_gloo and use_mpi:
-        raise ValueError("give use_gloo or use_mpi, not both")
-    host_list = parse_hosts(hosts) if hosts else parse_hostfile(hostfile) if hostfile else []
-    config = LaunchConfig(
-        command=[executable or sys.executable, "-m", "hora.launch.task"],
-        np=count,
-        hosts=host_list,
-        backend="mpi" if use_mpi else "gloo" if use_gloo else "native",
-        ssh_port=ssh_port,
-        ssh_identity_file=ssh_identity_file,
-        ssh_config_file=ssh_config_file,
-        network_interfaces=list(network_interfaces),
-        start_timeout=start_timeout,
-        verbose=verbose,
-        output_filename=output_filename,
-        prefix_timestamp=prefix_output_with_timestamp,
-        mpi_args=mpi_args,
-        settings=settings if settings is not None else load(env),
-        env=dict(env) if env is not None else None,
-    )
+    """Run ``func(*args, **kwargs)`` on every rank of ``job`` (a :class:`Job`, or an elastic
+    job built on it); the results ordered by rank. An elastic job's results are those of the
+    ranks of its last round. LaunchError when a rank fails or the job cannot start."""
+    config = job.config
     payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
-    with (
-        Job(config) as job,
-        StoreClient("127.0.0.1", job.port, job.secret, timeout=start_timeout) as store,
-    ):
+    count = config.np
+    timeout = config.start_timeout
+    with job, StoreClient("127.0.0.1", job.port, job.secret, timeout=timeout) as store:
         store.set(FUNC_KEY, payload)
         code = job.run()
+        if elastic:  # the ranks of the last round; each of them stored the round's size
+            size_raw = store.get(SIZE_KEY, timeout=0) if store.check([SIZE_KEY]) else b"0"
+            count = int(size_raw.decode() or 0) or count
         outcomes = _collect(store, count)
-    return _results(outcomes, count, code, job.failure, use_mpi)
+    return _results(outcomes, count, code, job.failure, config.backend == "mpi")
 
 
 def _collect(store: StoreClient, count: int) -> dict[int, tuple[Any, ...]]:

@@ -35,12 +35,36 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("hora.lab", "benchmarks: allreduce, scaling (the scaling lab), report"),
 }
 
-# Flags accepted for compatibility that hora does not act on yet: flag -> what hora says.
-UNSUPPORTED: dict[str, str] = {
-    "--disable-cache": "hora does not cache the ssh and interface checks; they run every launch",
-    "--tcp": "not supported yet; hora's native backend always uses TCP between hosts",
-    "--num-nccl-streams": "not supported yet; ignored",
-    "--jsrun": "not supported yet; running with hora's own launcher instead",
+# horovodrun flags that hora accepts with nothing to do: flag -> what hora says, once, at start.
+NO_EFFECT: dict[str, str] = {
+    "--disable-cache": "hora keeps no cache of the ssh and network-interface checks; they run "
+    "at every launch",
+    "--num-nccl-streams": "hora's NCCL backend runs on one torch.distributed process group; "
+    "HOROVOD_NUM_NCCL_STREAMS is passed on but changes nothing",
+    "--tcp": "hora's own transport already uses TCP between hosts; NCCL_IB_DISABLE=1 is passed "
+    "on to the workers (and, with --mpi, Open MPI is told to leave InfiniBand alone)",
+}
+# horovodrun flags hora refuses: flag -> why. The job does not start.
+REFUSED: dict[str, str] = {
+    "--jsrun": "not supported: hora cannot start workers through IBM's jsrun (LSF); use -H or "
+    "-hostfile (hora starts them over ssh) or --mpi",
+}
+# Config-file keys hora accepts with nothing to do: (section, key) -> why.
+NO_EFFECT_KEYS: dict[tuple[str, str], str] = {
+    ("library_options", "ccl_bgt_affinity"): "hora has no CCL",
+}
+
+# Each boolean knob's flag -> the flag that turns it the other way (Horovod's `--no-` forms).
+INVERSE: dict[str, str] = {
+    "--no-stall-check": "--stall-check",
+    "--log-without-timestamp": "--log-with-timestamp",
+}
+# More names for boolean knob flags: extra flag -> (knob field, value). Horovod's deprecated
+# `--log-hide-timestamp` and its `--no-` form; `--no-log-with-timestamp` for symmetry.
+BOOL_ALIASES: dict[str, tuple[str, bool]] = {
+    "--log-hide-timestamp": ("log_hide_time", True),
+    "--no-log-hide-timestamp": ("log_hide_time", False),
+    "--no-log-with-timestamp": ("log_hide_time", True),
 }
 
 _SECTION_TITLES = {
@@ -52,7 +76,10 @@ _SECTION_TITLES = {
         "hora run -np 2 --stall-check-warning-time-seconds 120 python t.py",
     ),
     "logging": ("logging", "hora run -np 2 --log-level DEBUG python t.py"),
-    None: ("library options", "hora run -np 2 --gloo-timeout-seconds 60 python t.py"),
+    "library_options": (
+        "library options",
+        "hora run -np 2 --gloo-timeout-seconds 60 python t.py",
+    ),
 }
 
 
@@ -81,7 +108,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--network-interface",
         action="append",
         dest="network_interface",
-        help="one interface; may repeat (deprecated form of --network-interfaces)",
+        help="one interface (or several, comma-separated); may repeat",
     )
     g.add_argument(
         "--output-filename", help="also write each rank's output to DIR/rank.<N>/stdout and stderr"
@@ -96,13 +123,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--config-file", help="Horovod-style YAML file of settings; flags given here win over it"
     )
     g.add_argument(
+        "-prefix-timestamp",
         "--prefix-output-with-timestamp",
+        dest="prefix_output_with_timestamp",
         action="store_true",
         default=None,
         help="put the time before each output line's [rank] prefix",
     )
-    for flag in ("--disable-cache", "--tcp"):
-        g.add_argument(flag, action="store_true", default=None, help=argparse.SUPPRESS)
+    g.add_argument(
+        "--as-horovod",
+        action="store_true",
+        default=None,
+        help="run Horovod scripts unchanged: in the workers, `import horovod.torch` (and every "
+        "horovod.* name hora has) gives hora's module (sets HORA_AS_HOROVOD=1)",
+    )
+    g.add_argument(
+        "--disable-cache",
+        action="store_true",
+        default=None,
+        help="accepted for horovodrun; hora caches no checks, so there is nothing to disable",
+    )
+    g.add_argument(
+        "--tcp",
+        action="store_true",
+        default=None,
+        help="use TCP, not InfiniBand: sets NCCL_IB_DISABLE=1 for the workers, and with --mpi "
+        "tells Open MPI '-mca pml ob1 -mca btl ^openib' (hora's own transport is TCP anyway)",
+    )
 
     h = _group(parser, "hosts", "hora run -np 4 -H server1:2,server2:2 python train.py")
     hx = h.add_mutually_exclusive_group()
@@ -141,36 +188,46 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="backend",
         help="start the workers with mpirun and use the MPI backend",
     )
-    cx.add_argument("--jsrun", action="store_true", default=None, help=argparse.SUPPRESS)
+    cx.add_argument(
+        "--jsrun",
+        action="store_true",
+        default=None,
+        help="refused: hora cannot start workers through jsrun (use -H/-hostfile or --mpi)",
+    )
     c.add_argument("--mpi-args", help="extra arguments for mpirun (with --mpi)")
     c.add_argument(
         "--binding-args",
         help="with --mpi: mpirun's binding and mapping arguments, instead of hora's default "
         "'-bind-to none -map-by slot' (e.g. '--bind-to core --map-by socket')",
     )
-    c.add_argument("--num-nccl-streams", type=int, help=argparse.SUPPRESS)
 
     groups = {key: _group(parser, *value) for key, value in _SECTION_TITLES.items()}
     for knob in KNOBS:
         if knob.flag is None:
             continue
-        g = groups[knob.section]
+        g = groups[knob.section if knob.section in groups else "library_options"]
         if knob.type is bool:
-            g.add_argument(
+            pair = g.add_mutually_exclusive_group()
+            pair.add_argument(
                 knob.flag, dest=knob.field, action="store_true", default=None, help=knob.doc
             )
-            if knob.field in (
-                "hierarchical_allreduce",
-                "hierarchical_allgather",
-                "torus_allreduce",
-            ):
-                g.add_argument(
-                    "--no-" + knob.flag[2:],
-                    dest=knob.field,
-                    action="store_false",
-                    default=None,
-                    help="turn it off (overrides the config file)",
-                )
+            inverse = inverse_flag(knob.flag)
+            pair.add_argument(
+                inverse,
+                dest=knob.field,
+                action="store_false",
+                default=None,
+                help=f"the opposite of {knob.flag} (wins over the config file and environment)",
+            )
+            for alias, (field, value) in BOOL_ALIASES.items():
+                if field == knob.field:
+                    pair.add_argument(
+                        alias,
+                        dest=knob.field,
+                        action="store_true" if value else "store_false",
+                        default=None,
+                        help=f"same as {knob.flag if value else inverse} (Horovod's older name)",
+                    )
         else:
             kind = float if knob.field == "fusion_threshold" else knob.type
             g.add_argument(knob.flag, dest=knob.field, type=kind, help=knob.doc)
@@ -226,22 +283,97 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def inverse_flag(flag: str) -> str:
+    """The flag that sets a boolean knob the other way: ``--x`` <-> ``--no-x``."""
+    if flag in INVERSE:
+        return INVERSE[flag]
+    return "--" + flag[5:] if flag.startswith("--no-") else "--no-" + flag[2:]
+
+
 def _dest(flag: str) -> str:
-    return {"--min-np": "min_np", "--max-np": "max_np"}.get(flag, flag[2:].replace("-", "_"))
+    return flag[2:].replace("-", "_")
+
+
+def _given_flags(args: argparse.Namespace) -> dict[str, str]:
+    """Knob field -> the flag that set it on this command line."""
+    out: dict[str, str] = {}
+    for k in KNOBS:
+        value = getattr(args, k.field, None)
+        if k.flag is None or value is None:
+            continue
+        out[k.field] = k.flag if k.type is not bool or value else inverse_flag(k.flag)
+    return out
+
+
+# Launcher flags and the smallest value each takes (checked before anything starts).
+_AT_LEAST = {
+    "--min-np": ("min_np", 1),
+    "--max-np": ("max_np", 1),
+    "--slots-per-host": ("slots_per_host", 1),
+    "--reset-limit": ("reset_limit", 0),
+    "--ssh-port": ("ssh_port", 1),
+}
+_ELASTIC_ONLY = ("--slots-per-host", "--elastic-timeout", "--reset-limit",
+                 "--blacklist-cooldown-range")  # fmt: skip
+
+
+def _check_launcher_flags(args: argparse.Namespace) -> list[str]:
+    """ValueError naming the first launcher flag out of range; the notes for flags that have
+    nothing to do in this job."""
+    for flag, (dest, low) in _AT_LEAST.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < low:
+            raise ValueError(f"{flag}={value}: must be >= {low}")
+    if args.ssh_port is not None and args.ssh_port > 65535:
+        raise ValueError(f"--ssh-port={args.ssh_port}: must be a port number, 1-65535")
+    if args.elastic_timeout is not None and args.elastic_timeout <= 0:
+        raise ValueError(f"--elastic-timeout={args.elastic_timeout:g}: must be > 0 (seconds)")
+    if args.min_np is not None and args.max_np is not None and args.max_np < args.min_np:
+        raise ValueError(f"--max-np={args.max_np}: must be >= --min-np {args.min_np}")
+    if args.blacklist_cooldown_range is not None:
+        low, high = args.blacklist_cooldown_range
+        if low < 0 or high < low:
+            raise ValueError(
+                f"--blacklist-cooldown-range={low} {high}: expected MIN MAX seconds with "
+                "0 <= MIN <= MAX"
+            )
+    notes = []
+    elastic = args.min_np is not None or args.max_np is not None or args.host_discovery_script
+    if not elastic:
+        notes += [f"{flag}: only elastic jobs (--min-np, --max-np, --host-discovery-script) "
+                  "use it; this job is static" for flag in _ELASTIC_ONLY
+                  if getattr(args, _dest(flag), None) is not None]  # fmt: skip
+    return notes
 
 
 def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) -> LaunchConfig:
-    """Turn parsed ``hora run`` arguments into a LaunchConfig (flags > config file > env)."""
-    env = dict(os.environ) if env is None else env
-    for flag, message in UNSUPPORTED.items():
-        if getattr(args, _dest(flag), None) not in (None, False):
-            log.warning("hora run: %s: %s", flag, message)
+    """Turn parsed ``hora run`` arguments into a LaunchConfig (flags > config file > env).
+
+    Every setting is validated here, before any worker starts (ValueError naming it)."""
+    env = dict(os.environ) if env is None else dict(env)
+    for flag, message in REFUSED.items():
+        if getattr(args, _dest(flag), None):
+            raise ValueError(f"{flag}: {message}")
+    notes = [f"{flag}: {message}" for flag, message in NO_EFFECT.items()
+             if getattr(args, _dest(flag), None) not in (None, False)]  # fmt: skip
+    notes += _check_launcher_flags(args)
     file_knobs, file_launch = read_config_file(args.config_file) if args.config_file else ({}, {})
+    notes += [f"{args.config_file}: {section}.{key}: {NO_EFFECT_KEYS[(section, key)]}; ignored"
+              for section, key in file_launch.pop("no_effect", [])]  # fmt: skip
     flag_knobs = {
         k.field: knob_from_flag(k, getattr(args, k.field))
         for k in KNOBS
         if k.flag is not None and getattr(args, k.field, None) is not None
     }
+    origin = {**file_launch.pop("origin", {}), **_given_flags(args)}
+    if args.tcp:
+        env["NCCL_IB_DISABLE"] = "1"
+    if getattr(args, "as_horovod", None):
+        from hora import as_horovod
+
+        env[as_horovod.ENV] = "1"
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = as_horovod.shim_path() + (os.pathsep + path if path else "")
     if args.np is None:
         raise ValueError("-np is required: the number of processes, e.g. hora run -np 4 ...")
     if args.hosts:
@@ -250,24 +382,36 @@ def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) ->
         hosts = parse_hostfile(args.hostfile)
     else:
         hosts = []
-    interfaces = [
-        *[n.strip() for n in (args.network_interfaces or "").split(",") if n.strip()],
-        *(args.network_interface or []),
-    ] or file_launch.get("network_interfaces", [])
+    given = [args.network_interfaces or "", *(args.network_interface or [])]
+    interfaces = list(
+        dict.fromkeys(n.strip() for text in given for n in text.split(",") if n.strip())
+    ) or file_launch.get("network_interfaces", [])
     start_timeout = args.start_timeout
     if start_timeout is None:
-        start_timeout = file_launch.get("start_timeout") or float(
-            env_lookup(env, "START_TIMEOUT", "30") or 30
-        )
+        start_timeout = file_launch.get("start_timeout")
+    if start_timeout is None:
+        raw = env_lookup(env, "START_TIMEOUT", "30") or "30"
+        try:
+            start_timeout = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"HOROVOD_START_TIMEOUT={raw!r}: expected a number of seconds"
+            ) from None
 
     def pick(name: str, flag_value: object, default: object) -> object:
         return flag_value if flag_value is not None else file_launch.get(name, default)
 
-    return LaunchConfig(
+    backend = str(pick("backend", args.backend, "native"))
+    if backend != "mpi":
+        notes += [f"{flag}: only used with --mpi (mpirun); this job does not use mpirun"
+                  for flag in ("--binding-args", "--mpi-args")
+                  if getattr(args, _dest(flag), None)]  # fmt: skip
+    config = LaunchConfig(
         command=list(args.command),
         np=args.np,
         hosts=hosts,
-        backend=str(pick("backend", args.backend, "native")),
+        backend=backend,
+        tcp_flag=bool(args.tcp),
         ssh_port=args.ssh_port,
         ssh_identity_file=args.ssh_identity_file,
         ssh_config_file=args.ssh_config_file or env.get("HORA_SSH_CONFIG") or None,
@@ -279,9 +423,12 @@ def build_config(args: argparse.Namespace, env: dict[str, str] | None = None) ->
         disable_cache=bool(args.disable_cache),
         mpi_args=str(pick("mpi_args", args.mpi_args, "")),
         binding_args=args.binding_args or "",
-        settings=resolve_settings(env, file_knobs, flag_knobs),
+        settings=resolve_settings(env, file_knobs, flag_knobs, origin),
         env=env,
     )
+    for note in notes:  # once, at start-up, for a launch that goes ahead
+        log.info("hora run: note: %s", note)
+    return config
 
 
 def elastic_options(args: argparse.Namespace, config: LaunchConfig) -> Any:

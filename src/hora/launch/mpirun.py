@@ -53,6 +53,8 @@ def command(
     argv += shlex.split(config.binding_args) or ["-bind-to", "none", "-map-by", "slot"]
     if interfaces:
         argv += ["-mca", "btl_tcp_if_include", ",".join(interfaces)]
+    if config.tcp_flag:  # --tcp: Open MPI's TCP path only, as horovodrun asks for it
+        argv += ["-mca", "pml", "ob1", "-mca", "btl", "^openib"]
     rsh = ssh_options.rsh_args()
     if rsh:
         argv += ["-mca", "plm_rsh_args", rsh]

@@ -7,7 +7,7 @@ import pytest
 from hora.backends import registry
 from hora.backends.registry import BackendContext
 from hora.identity import Identity
-from hora.settings import load
+from hora.settings import Settings, load
 
 
 @pytest.mark.parametrize(
@@ -47,8 +47,20 @@ def test_gpu_operations_choose_only_where_there_is_a_gpu(
 
 
 def test_unknown_backend_names_what_there_is() -> None:
-    with pytest.raises(ValueError, match="'ccl': unsupported backend.*gloo, mpi, native, nccl"):
-        registry.select(load({"HOROVOD_CPU_OPERATIONS": "ccl"}))
+    with pytest.raises(ValueError, match="=bogus: expected one of native, gloo, mpi, nccl"):
+        registry.select(load({"HOROVOD_CPU_OPERATIONS": "bogus"}))
+    with pytest.raises(ValueError, match="'carrier': unsupported backend.*gloo, mpi, native"):
+        registry.select(Settings(cpu_operations="carrier"))
+
+
+@pytest.mark.parametrize("name", ["ccl", "CCL"])
+def test_ccl_is_not_built_here_as_horovod_says_it(name: str) -> None:
+    """Horovod built without oneCCL answers that CCL is not built, not "unsupported"."""
+    with pytest.raises(ValueError, match="CCL .*support is not built into hora") as info:
+        load({"HOROVOD_CPU_OPERATIONS": name})
+    assert "unsupported" not in str(info.value)
+    with pytest.raises(ValueError, match="CCL .*support is not built into hora"):
+        registry.select(Settings(cpu_operations=name))
 
 
 def _ctx() -> BackendContext:

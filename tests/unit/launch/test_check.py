@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from hora.launch import check
 
@@ -26,3 +31,43 @@ def test_report_text() -> None:
     text = check.report(check.findings())
     for group in ("frameworks:", "backends:", "transports:", "devices:"):
         assert group in text
+
+
+def _run_check(argv: list[str], extra_env: dict[str, str]) -> subprocess.CompletedProcess:
+    src = str(Path(__file__).parents[3] / "src")
+    path = os.pathsep.join(p for p in (extra_env.pop("PREPEND", ""), src) if p)
+    env = {**os.environ, **extra_env, "PYTHONPATH": path}
+    code = "import sys; from hora.launch.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.mark.parametrize("argv", [["check"], ["run", "-cb"]])
+def test_an_mpi_library_that_cannot_be_loaded_is_a_finding_not_a_crash(argv) -> None:
+    done = _run_check(argv, {"MPI4PY_LIBMPI": "libmpi_missing_here.so.40"})
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if "MPI:" in ln)
+    assert "[!]" in line and "installed but not loadable" in line
+    assert "libmpi_missing_here.so.40" in line
+
+
+def test_a_framework_that_cannot_be_loaded_is_reported_in_one_line(tmp_path) -> None:
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "raise OSError('libtorch_cpu.so: cannot open shared object file: No such file')\n"
+    )
+    done = _run_check(["check"], {"PREPEND": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if "PyTorch:" in ln)
+    assert "[!]" in line and "libtorch_cpu.so" in line
+
+
+def test_every_finding_has_one_of_three_states() -> None:
+    for item in check.findings():
+        assert item.state in (check.AVAILABLE, check.MISSING, check.BROKEN)
+        assert item.available == (item.state == check.AVAILABLE)
+        assert "\n" not in item.detail

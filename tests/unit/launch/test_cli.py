@@ -11,23 +11,26 @@ from hora.launch import cli
 from hora.settings import MiB
 
 FLAGS = [
-    "--autotune", "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise",
-    "--autotune-log-file", "--autotune-steps-per-sample", "--autotune-warmup-samples",
+    "--as-horovod", "--autotune", "--autotune-bayes-opt-max-samples",
+    "--autotune-gaussian-process-noise", "--autotune-log-file", "--autotune-steps-per-sample",
+    "--autotune-warmup-samples",
     "--binding-args", "--blacklist-cooldown-range", "--cache-capacity", "--check-build",
     "--config-file", "--cpu-bind", "--cycle-time-ms", "--disable-cache", "--elastic-timeout",
     "--fusion-threshold-mb", "--gloo", "--gloo-timeout-seconds", "--help",
     "--hierarchical-allgather", "--hierarchical-allreduce", "--host-discovery-script",
-    "--hostfile", "--hosts", "--jsrun", "--log-level", "--log-without-timestamp", "--max-np",
-    "--max-num-proc", "--min-np", "--min-num-proc", "--mpi", "--mpi-args",
-    "--mpi-threads-disable", "--network-interface", "--network-interfaces",
-    "--no-hierarchical-allgather", "--no-hierarchical-allreduce", "--no-stall-check",
+    "--hostfile", "--hosts", "--jsrun", "--log-hide-timestamp", "--log-level",
+    "--log-with-timestamp", "--log-without-timestamp", "--max-np", "--max-num-proc", "--min-np",
+    "--min-num-proc", "--mpi", "--mpi-args", "--mpi-threads-disable", "--network-interface",
+    "--network-interfaces", "--no-autotune", "--no-hierarchical-allgather",
+    "--no-hierarchical-allreduce", "--no-log-hide-timestamp", "--no-log-with-timestamp",
+    "--no-mpi-threads-disable", "--no-stall-check", "--no-timeline-mark-cycles",
     "--no-torus-allreduce", "--num-nccl-streams", "--num-proc", "--output-filename",
     "--prefix-output-with-timestamp", "--reset-limit", "--slots", "--slots-per-host",
-    "--ssh-config-file", "--ssh-identity-file", "--ssh-port",
+    "--ssh-config-file", "--ssh-identity-file", "--ssh-port", "--stall-check",
     "--stall-check-shutdown-time-seconds", "--stall-check-warning-time-seconds",
     "--start-timeout", "--tcp", "--thread-affinity", "--timeline-filename",
     "--timeline-mark-cycles", "--torus-allreduce", "--verbose", "--version", "-H", "-cb", "-h",
-    "-hostfile", "-i", "-np", "-p", "-v",
+    "-hostfile", "-i", "-np", "-p", "-prefix-timestamp", "-v",
 ]  # fmt: skip
 
 
@@ -113,12 +116,14 @@ def test_ssh_config_file_from_env() -> None:
     assert _config(["-np", "1", "x"], {"HORA_SSH_CONFIG": "/c"}).ssh_config_file == "/c"
 
 
-def test_unsupported_flags_say_so(caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="hora.launch"):
-        _config(["-np", "1", "--tcp", "--num-nccl-streams", "2", "--disable-cache", "x"])
+def test_flags_with_nothing_to_do_say_so_once(caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="hora.launch"):
+        cfg = _config(["-np", "1", "--tcp", "--num-nccl-streams", "2", "--disable-cache", "x"])
     text = caplog.text
     assert "--tcp" in text and "--num-nccl-streams" in text and "--disable-cache" in text
     assert len(caplog.records) == 3
+    assert cfg.env is not None and cfg.env["NCCL_IB_DISABLE"] == "1" and cfg.tcp_flag
+    assert cfg.settings.num_nccl_streams == 2
 
 
 def test_elastic_flags_make_an_elastic_job_and_static_flags_do_not() -> None:
@@ -178,6 +183,6 @@ def test_docs_name_every_knob_flag_and_unsupported_flag() -> None:
     from hora.settings import KNOBS
 
     text = (Path(__file__).parents[3] / "docs" / "launch.md").read_text()
-    flags = [k.flag for k in KNOBS if k.flag] + list(cli.UNSUPPORTED)
+    flags = [k.flag for k in KNOBS if k.flag] + list(cli.NO_EFFECT) + list(cli.REFUSED)
     missing = [f for f in flags if f"`{f}`" not in text and f"`--[no-]{f[2:]}`" not in text]
     assert missing == []
