@@ -71,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch CPU threads per rank (0 keeps torch's default)",
     )
     p.add_argument(
+        "--priority-forward",
+        action="store_true",
+        default=False,
+        help="reduce the first layers' gradients first (DistributedOptimizer priority='forward')",
+    )
+    p.add_argument(
         "--ddp",
         action="store_true",
         default=False,
@@ -242,6 +248,7 @@ def main(args: argparse.Namespace) -> None:
             named_parameters=model.named_parameters(),
             compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
             op=hvd.Adasum if args.use_adasum else hvd.Average,
+            **({"priority": "forward"} if args.priority_forward else {}),
         )
     data = make_input(args.batch_size).to(device)
     target = torch.randint(0, classes, (args.batch_size,), device=device)

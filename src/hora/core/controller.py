@@ -281,7 +281,7 @@ class Coordinator:
     def take_responses(
         self, now: float = 0.0, hold: float = 0.0
     ) -> list[tuple[SetState, list[Response]]]:
-        """Ready work of every set, fused, in the order it became ready.
+        """Ready work of every set, fused, by priority and then in the order it became ready.
 
         With ``hold`` > 0 (the cycle time, in seconds), a set whose ready tensors are still
         small while other tensors of it are half-submitted waits up to ``hold`` after the
@@ -294,6 +294,8 @@ class Coordinator:
                 continue
             if st.ready and st.table and now - st.ready_since < hold and self._small(st):
                 continue
+            if len(st.ready) > 1:  # higher priority first; ties keep the order they came in
+                st.ready.sort(key=_by_priority)
             responses = self._fuse(st.ready)
             st.ready = []
             for resp in responses:
@@ -406,6 +408,10 @@ class Coordinator:
         now = time.monotonic() if now is None else now
         waits = [now - p.first_seen for st in self.sets.values() for p in st.table.values()]
         return max(waits, default=0.0)
+
+
+def _by_priority(spec: TensorSpec) -> int:
+    return -spec.request.priority
 
 
 def decode_responses(wire: list[Any], cache: ResponseCache) -> list[Response]:

@@ -65,6 +65,7 @@ class Request:
     group: str = ""  # grouped ops: the group's key
     group_size: int = 0
     ranks: tuple[int, ...] | None = None  # process-set ops: the set's ranks
+    priority: int = 0  # higher goes first among the tensors ready in one cycle
     # Worked out once: the name without its op prefix (see ``match``), and on first use the
     # byte count and the cache key. A request is not changed once it has been submitted.
     _match: str = field(default="", init=False, repr=False, compare=False)
@@ -88,11 +89,11 @@ class Request:
             self.group,
             self.group_size,
             None if self.ranks is None else list(self.ranks),
-        ]
+        ] + ([self.priority] if self.priority else [])
 
     @staticmethod
     def from_wire(w: list[Any]) -> Request:
-        (op, name, dtype, shape, root, reduce_op, pre, post, splits, group, gsize, ranks) = w
+        (op, name, dtype, shape, root, reduce_op, pre, post, splits, group, gsize, ranks) = w[:12]
         return Request(
             OpType(op),
             str(name),
@@ -106,6 +107,7 @@ class Request:
             str(group),
             int(gsize),
             None if ranks is None else tuple(ranks),
+            int(w[12]) if len(w) > 12 else 0,
         )
 
     @property
@@ -145,6 +147,7 @@ class Request:
             self.splits,
             self.group,
             self.group_size,
+            self.priority,
         )
 
 

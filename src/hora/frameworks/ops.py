@@ -53,7 +53,10 @@ def _reduction(
     outputs: Sequence[Any] | None,
     dtype: str | Sequence[str | None] | None,
     finalize: Finalize,
+    priority: int = 0,
 ) -> Handle:
+    if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
+        raise TypeError(f"priority must be an int (higher goes first), got {priority!r}")
     ps_id = _set_id(process_set)
     if op == ADASUM and kind == OpType.ALLREDUCE:
         kind = OpType.ADASUM
@@ -77,6 +80,7 @@ def _reduction(
             reduce_op=op,
             prescale=float(prescale_factor),
             postscale=float(postscale_factor),
+            priority=int(priority),
         )
 
     label = OpType.ALLREDUCE if kind == OpType.ADASUM else kind
@@ -99,6 +103,7 @@ def allreduce_async(
     dtype: str | None = None,
     finalize: Finalize = None,
     average: bool | None = None,
+    priority: int = 0,
 ) -> Handle:
     return _reduction(
         OpType.ALLREDUCE,
@@ -112,6 +117,7 @@ def allreduce_async(
         None if output is None else [output],
         dtype,
         finalize,
+        priority,
     )
 
 
@@ -127,6 +133,7 @@ def grouped_allreduce_async(
     dtype: str | Sequence[str | None] | None = None,
     finalize: Finalize = None,
     average: bool | None = None,
+    priority: int = 0,
 ) -> Handle:
     _nonempty(arrays, "grouped_allreduce")
     return _reduction(
@@ -141,6 +148,7 @@ def grouped_allreduce_async(
         outputs,
         dtype,
         finalize,
+        priority,
     )
 
 

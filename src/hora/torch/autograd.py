@@ -61,16 +61,16 @@ def _rows(t: torch.Tensor) -> int:
 
 class _Allreduce(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
-        ctx.args = (name, op, prescale, postscale, process_set)
-        h = allreduce_async(tensor, None, name, op, prescale, postscale, process_set)
+    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set, priority=0):  # type: ignore[override]
+        ctx.args = (name, op, prescale, postscale, process_set, priority)
+        h = allreduce_async(tensor, None, name, op, prescale, postscale, process_set, priority)
         return synchronize(h)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
-        name, op, prescale, postscale, ps = ctx.args
-        g = _Allreduce.apply(grad, _grad_name(name), op, prescale, postscale, ps)
-        return g, None, None, None, None, None
+        name, op, prescale, postscale, ps, priority = ctx.args
+        g = _Allreduce.apply(grad, _grad_name(name), op, prescale, postscale, ps, priority)
+        return g, None, None, None, None, None, None
 
 
 class _GroupedAllreduce(Function):
@@ -96,7 +96,7 @@ class _Allgather(Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
         name, ps = ctx.args
-        reduced = _Allreduce.apply(grad, _grad_name(name), Average, 1.0, 1.0, ps)
+        reduced = _Allreduce.apply(grad, _grad_name(name), Average, 1.0, 1.0, ps, 0)
         (offset,) = _my_offsets([ctx.rows], name, ps)
         return reduced.narrow(0, offset, ctx.rows).reshape(ctx.shape), None, None
 
@@ -129,7 +129,7 @@ class _Broadcast(Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
         root_rank, name, ps = ctx.args
-        reduced = _Allreduce.apply(grad, _grad_name(name), Average, 1.0, 1.0, ps)
+        reduced = _Allreduce.apply(grad, _grad_name(name), Average, 1.0, 1.0, ps, 0)
         if hora.rank() != root_rank:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
@@ -191,11 +191,12 @@ def allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    priority: int = 0,
 ) -> torch.Tensor:
     """Reduce ``tensor`` over the set (default op Average); a new tensor, differentiable."""
     op = reduce_op(average, op)
     sent, ctx = compression.compress(tensor)
-    out = _Allreduce.apply(sent, name, op, prescale_factor, postscale_factor, process_set)
+    out = _Allreduce.apply(sent, name, op, prescale_factor, postscale_factor, process_set, priority)
     return compression.decompress(out, ctx)
 
 

@@ -106,6 +106,7 @@ def allreduce_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    priority: int = 0,
 ) -> Handle:
     """Start reducing ``tensor`` over the set; the handle's result is a new tensor."""
     op = reduce_op(average, op)
@@ -119,6 +120,7 @@ def allreduce_async(
         process_set=process_set,
         dtype=s.dtype,
         finalize=_new(tensor),
+        priority=priority,
     )
 
 
@@ -130,6 +132,7 @@ def allreduce_async_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    priority: int = 0,
 ) -> Handle:
     """Start reducing ``tensor`` in place; the handle's result is ``tensor`` itself."""
     op = reduce_op(average, op)
@@ -144,6 +147,7 @@ def allreduce_async_(
         output=s.array,
         dtype=s.dtype,
         finalize=lambda out: write_back(s, out),
+        priority=priority,
     )
 
 
@@ -155,10 +159,13 @@ def allreduce_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    priority: int = 0,
 ) -> torch.Tensor:
     """Reduce ``tensor`` in place and return it (not differentiable)."""
     op = reduce_op(average, op)
-    h = allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
+    h = allreduce_async_(
+        tensor, None, name, op, prescale_factor, postscale_factor, process_set, priority
+    )
     return synchronize(h)
 
 
@@ -170,6 +177,7 @@ def grouped_allreduce_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    priority: int = 0,
 ) -> Handle:
     """Start reducing a list of tensors as one unit; the result is a list of new tensors."""
     op = reduce_op(average, op)
@@ -184,6 +192,7 @@ def grouped_allreduce_async(
         process_set=process_set,
         dtype=dtype,
         finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+        priority=priority,
     )
 
 
@@ -195,6 +204,7 @@ def grouped_allreduce_async_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    priority: int = 0,
 ) -> Handle:
     """Start reducing a list of tensors in place; the result is the same list of tensors."""
     op = reduce_op(average, op)
@@ -209,6 +219,7 @@ def grouped_allreduce_async_(
         outputs=arrays,
         dtype=dtype,
         finalize=lambda outs: [write_back(s, o) for s, o in zip(staged, outs)],
+        priority=priority,
     )
 
 
@@ -220,12 +231,13 @@ def grouped_allreduce_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    priority: int = 0,
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors in place and return them (not differentiable)."""
     op = reduce_op(average, op)
     return synchronize(
         grouped_allreduce_async_(
-            tensors, None, name, op, prescale_factor, postscale_factor, process_set
+            tensors, None, name, op, prescale_factor, postscale_factor, process_set, priority
         )
     )
 

@@ -101,6 +101,8 @@ def _hook(ref: weakref.ReferenceType[_DistributedOptimizer], param: torch.Tensor
 
 
 class _DistributedOptimizer(OptimizerWrapper):
+    priorities: dict[torch.Tensor, int] = {}  # allreduce priority= per parameter (default 0)
+
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
@@ -259,6 +261,7 @@ class _DistributedOptimizer(OptimizerWrapper):
                 "prescale_factor": prescale,
                 "postscale_factor": postscale,
                 "process_set": self.process_set,
+                "priority": max(self.priorities.get(p, 0) for p in params),
             }
             if len(params) == 1:
                 handle = allreduce_async_(sent[0], name=self._names[params[0]], **kw)
@@ -395,6 +398,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for a factory
     groups: int | list[list[torch.Tensor]] | None = None,
     sparse_as_dense: bool = False,
     process_set: ProcessSet = global_process_set,
+    priority: Any = None,
 ) -> _DistributedOptimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged (``op``) over the ranks.
 
@@ -406,7 +410,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for a factory
     rank's indices and values unless ``sparse_as_dense`` sends them as dense tensors (the wrapped
     optimizer gets them back sparse either way);
     ``process_set`` reduces over a subset of ranks. ``num_groups`` is the deprecated spelling
-    of an int ``groups``.
+    of an int ``groups``. ``priority`` (hora's addition) orders the gradients' allreduces among
+    those ready in the same cycle: ``"forward"`` gives the optimizer's first parameters (the
+    first layers, needed first by the next forward pass) the highest priority, a dict maps
+    parameter names (``named_parameters``) to priorities, a callable maps a name to one.
     """
     if num_groups:
         warnings.warn("num_groups is deprecated: use groups=", DeprecationWarning, stacklevel=2)
@@ -416,7 +423,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for a factory
     cls = _DistributedOptimizer
     if op == Adasum and ps.size() > 1:
         cls = _DistributedAdasumOptimizer
-    return cls(
+    wrapped = cls(
         optimizer,
         named_parameters,
         compression,
@@ -426,4 +433,26 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for a factory
         groups,
         sparse_as_dense,
         process_set,
+    )
+    if priority is not None:
+        wrapped.priorities = _priorities(priority, wrapped._params, wrapped._names)
+    return wrapped
+
+
+def _priorities(
+    priority: Any, params: list[torch.Tensor], names: dict[torch.Tensor, str]
+) -> dict[torch.Tensor, int]:
+    """``DistributedOptimizer(priority=...)`` as one int per parameter."""
+    if priority == "forward":
+        return {p: len(params) - i for i, p in enumerate(params)}
+    if isinstance(priority, dict):
+        unknown = sorted(set(priority) - set(names.values()))
+        if unknown:
+            raise ValueError(f"priority names parameters that the optimizer lacks: {unknown}")
+        return {p: int(priority.get(names[p], 0)) for p in params}
+    if callable(priority):
+        return {p: int(priority(names[p])) for p in params}
+    raise TypeError(
+        f"priority must be 'forward', a dict of parameter names to ints or a callable, "
+        f"got {priority!r}"
     )
