@@ -111,15 +111,15 @@ def broadcast_async_(array, root_rank, **kw):  # type: ignore[no-untyped-def]
 
 # -- timeline -------------------------------------------------------------------------------
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a chrome://tracing timeline on rank 0 (any rank may call it)."""
+    """Start writing a chrome://tracing timeline on rank 0 (any rank may call it); with
+    ``{rank}`` in ``file_path`` every rank writes its own file."""
     rt = _rt.runtime()
-    if rt.identity.rank != 0:
+    path = _rt.timeline_path(file_path, rt.identity.rank)
+    if not path:
         return
     stop_timeline()
-    from hora.core.timeline import Timeline
-
-    rt.timeline = Timeline(file_path, mark_cycles=mark_cycles)
     rt.engine.settings = rt.engine.settings.replace(timeline_mark_cycles=mark_cycles)
+    rt.timeline = _rt.make_timeline(path, rt.engine.settings, rt.identity.rank, rt.identity.size)
     rt.engine.timeline = rt.engine.executor.timeline = rt.timeline
 
 

@@ -129,7 +129,7 @@ KNOBS: tuple[Knob, ...] = (
         str,
         "",
         "TIMELINE",
-        "Path of the chrome://tracing JSON timeline written by rank 0, or DYNAMIC.",
+        "Timeline JSON file of rank 0 (with {rank} in the path: of every rank), or DYNAMIC.",
         "--timeline-filename",
         "timeline",
         "filename",

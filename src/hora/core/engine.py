@@ -409,8 +409,9 @@ class Engine:
             del ms.table[spec.request.match]
             entry.complete(result)
         if tl is not None:
+            fused = sum(s.request.nbytes for s in resp.specs) if len(resp.specs) > 1 else 0
             for s in resp.specs:
-                tl.end(s.request.name, s.request.dtype, s.request.shape)
+                tl.end(s.request.name, s.request.dtype, s.request.shape, fused)
 
     def _register_member(self, ps_id: int, ranks: list[int]) -> None:
         if self.rank in ranks:

@@ -47,8 +47,9 @@ class Runtime:
         if not identity.is_single:
             transport = self._connect(identity, settings, generation)
         self.timeline: Any = None
-        if identity.rank == 0 and settings.timeline and settings.timeline != "DYNAMIC":
-            self.timeline = _make_timeline(settings.timeline, settings.timeline_mark_cycles)
+        path = timeline_path(settings.timeline, identity.rank)
+        if path and settings.timeline != "DYNAMIC":
+            self.timeline = make_timeline(path, settings, identity.rank, identity.size)
         ctx = BackendContext(identity, settings, self.store, transport, f"hora/{generation}",
                              None if mpi_job is None else mpi_job.comm)
         self.backend_name = backends.select(settings)
@@ -94,10 +95,24 @@ class Runtime:
             self.server.stop()
 
 
-def _make_timeline(path: str, mark_cycles: bool) -> Any:
+def timeline_path(path: str, rank: int) -> str:
+    """Where ``rank`` writes its timeline: ``{rank}`` in ``path`` names one file per rank (every
+    rank records); without it only rank 0 writes ``path``, as Horovod does. "" for none."""
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    return path if rank == 0 else ""
+
+
+def make_timeline(path: str, settings: Settings, rank: int, size: int) -> Any:
     from hora.core.timeline import Timeline
 
-    return Timeline(path, mark_cycles=mark_cycles)
+    meta = {
+        "rank": rank,
+        "size": size,
+        "fusion_threshold_bytes": settings.fusion_threshold,
+        "cycle_time_ms": settings.cycle_time_ms,
+    }
+    return Timeline(path, mark_cycles=settings.timeline_mark_cycles, meta=meta)
 
 
 _lock = threading.RLock()

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 # Event kinds on the queue: (kind, tensor name, perf_counter_ns, detail, extra).
 _NEG_START, _RANK_READY, _NEG_END, _START, _ACT_START, _ACT_END, _END, _CYCLE = range(8)
+_MARK, _END_FUSED = 8, 9
 _PAGE = 4096  # the kernel checks for a fatal signal only between the pages of one write
 _MAX_BATCH = 4096  # queue items per write: a busy engine still sees its events land regularly
 
@@ -92,7 +93,11 @@ class Timeline:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], mark_cycles: bool = False, flush_interval: float = 0.02
+        self,
+        path: str | os.PathLike[str],
+        mark_cycles: bool = False,
+        flush_interval: float = 0.02,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike) or not str(path):
             raise ValueError(f"timeline path must be a non-empty file path, got {path!r}")
@@ -110,9 +115,10 @@ class Timeline:
         self._open_activity: set[int] = set()
         self._failed = False
         epoch_us = time.time_ns() // 1000
+        extra = "".join(f",{json.dumps(str(k))}:{json.dumps(v)}" for k, v in (meta or {}).items())
         head = (
             '[\n{"name":"process_name","ph":"M","pid":0,"args":{"name":"hora",'
-            f'"start_time_since_epoch_in_micros":{epoch_us}}}}},\n'
+            f'"start_time_since_epoch_in_micros":{epoch_us}{extra}}}}},\n'
             '{"name":"process_sort_index","ph":"M","pid":0,"args":{"sort_index":0}}\n]'
         ).encode()
         self._fd = _create(self.path, head)
@@ -153,11 +159,26 @@ class Timeline:
             self._queue.put((_ACT_END, name, time.perf_counter_ns(), None, None))
 
     def end(
-        self, name: str, dtype: str | None = None, shape: tuple[int, ...] | None = None
+        self,
+        name: str,
+        dtype: str | None = None,
+        shape: tuple[int, ...] | None = None,
+        fused_bytes: int = 0,
     ) -> None:
-        """``E`` of the op with ``args`` dtype and shape; closes an activity left open first."""
+        """``E`` of the op with ``args`` dtype and shape (and ``fused_bytes``, the size of the
+        fusion buffer it travelled in, when it was fused); closes an activity left open first."""
         if not self._closed:
-            self._queue.put((_END, name, time.perf_counter_ns(), dtype, shape))
+            item: tuple[int, str, int, Any, Any]
+            if fused_bytes:
+                item = (_END_FUSED, name, time.perf_counter_ns(), dtype, (shape, fused_bytes))
+            else:
+                item = (_END, name, time.perf_counter_ns(), dtype, shape)
+            self._queue.put(item)
+
+    def mark(self, name: str, args: dict[str, Any]) -> None:
+        """A global instant ``name`` on pid 0 with ``args`` (autotune's trials, for one)."""
+        if not self._closed:
+            self._queue.put((_MARK, name, time.perf_counter_ns(), dict(args), None))
 
     def mark_cycle(self) -> None:
         """A global ``CYCLE_START`` instant, when the timeline was made with ``mark_cycles``."""
@@ -272,6 +293,11 @@ class Timeline:
         if kind == _CYCLE:
             records.append(f'{{"ph":"i","name":"CYCLE_START","ts":{ts},"pid":0,"s":"g"}}')
             return
+        if kind == _MARK:
+            margs = json.dumps(detail, separators=(",", ":"))
+            label = json.dumps(name)
+            records.append(f'{{"ph":"i","name":{label},"ts":{ts},"pid":0,"s":"g","args":{margs}}}')
+            return
         pid = self._pid(name, records)
         if kind == _NEG_START:
             label = json.dumps("NEGOTIATE_" + str(detail).upper())
@@ -289,14 +315,19 @@ class Timeline:
                 self._open_activity.add(pid)
             label = json.dumps(str(detail).upper() if kind == _START else str(detail))
             records.append(f'{{"ph":"B","name":{label},"ts":{ts},"pid":{pid}}}')
-        elif kind == _END:
+        elif kind in (_END, _END_FUSED):
             if pid in self._open_activity:
                 self._open_activity.discard(pid)
                 records.append(f'{{"ph":"E","ts":{ts},"pid":{pid}}}')
-            args: dict[str, str] = {}
+            args: dict[str, Any] = {}
             if detail is not None:
                 args["dtype"] = str(detail)
+            fused = 0
+            if kind == _END_FUSED:
+                extra, fused = extra
             if extra is not None:
                 args["shape"] = "[" + ", ".join(str(int(d)) for d in extra) + "]"
+            if fused:
+                args["fused_bytes"] = fused
             tail = f',"args":{json.dumps(args, separators=(",", ":"))}' if args else ""
             records.append(f'{{"ph":"E","ts":{ts},"pid":{pid}{tail}}}')

@@ -33,6 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("hora.launch.cli", "start a job on this host or many (horovodrun's flags)"),
     "check": ("hora.launch.check", "show frameworks, backends, transports and GPUs found here"),
     "bench": ("hora.lab", "benchmarks: allreduce, scaling (the scaling lab), report"),
+    "timeline": ("hora.lab.timeline", "merge every rank's timeline into one trace, summarise it"),
 }
 
 # horovodrun flags that hora accepts with nothing to do: flag -> what hora says, once, at start.

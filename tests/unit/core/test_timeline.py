@@ -245,3 +245,30 @@ def test_sigkill_mid_run_leaves_parseable_file(tmp_path: Path, delay: float) -> 
     assert records[0]["name"] == "process_name"
     assert any(r.get("name") == "CYCLE_START" for r in records)
     assert any(r.get("name") == "ALLREDUCE" for r in records)
+
+
+def test_header_meta_fused_bytes_and_marks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json as _json
+
+    from hora.core.runtime import timeline_path
+    from hora.core.timeline import Timeline
+
+    path = tmp_path / "t.json"
+    tl = Timeline(path, meta={"rank": 3, "fusion_threshold_bytes": 1024})
+    tl.start("a", "ALLREDUCE")
+    tl.end("a", "float32", (2, 3), fused_bytes=48)
+    tl.start("b", "ALLREDUCE")
+    tl.end("b", "float32", (2,))
+    tl.mark("AUTOTUNE", {"cycle_time_ms": 2.5})
+    tl.close()
+    events = _json.loads(path.read_text())
+    assert events[0]["args"]["rank"] == 3 and events[0]["args"]["fusion_threshold_bytes"] == 1024
+    ends = [e["args"] for e in events if e["ph"] == "E"]
+    assert ends == [
+        {"dtype": "float32", "shape": "[2, 3]", "fused_bytes": 48},
+        {"dtype": "float32", "shape": "[2]"},
+    ]
+    [mark] = [e for e in events if e["ph"] == "i"]
+    assert mark["name"] == "AUTOTUNE" and mark["args"] == {"cycle_time_ms": 2.5}
+    assert timeline_path("/x/tl.{rank}.json", 2) == "/x/tl.2.json"
+    assert timeline_path("/x/tl.json", 0) == "/x/tl.json" and timeline_path("/x/tl.json", 1) == ""
