@@ -150,3 +150,25 @@ def test_hora_timeline_is_a_cli_command(traces: list[Path]) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "wait for slowest rank" in done.stdout and "recommendations:" in done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_align_ops_undoes_a_skewed_clock(traces: list[Path], tmp_path: Path) -> None:
+    """Rank 1's file claims a start 5 s late (a host whose clock is ahead): by wall clock its
+    operations land 5 s late; lining up the shared collectives puts them back."""
+    events = json.loads(traces[1].read_text())
+    events[0]["args"]["start_time_since_epoch_in_micros"] += 5_000_000
+    skewed = tmp_path / "tl.1.json"
+    skewed.write_text(json.dumps(events))
+    files = [str(traces[0]), str(skewed), str(traces[2])]
+
+    def rank1_first_op(align: str, out: Path) -> float:
+        assert _run(*files, "-o", str(out), "--align", align)[0] == 0
+        merged = json.loads(out.read_text())
+        return min(e["ts"] for e in merged if e["pid"] == 1 and e["ph"] == "B")
+
+    assert _run(*map(str, traces), "-o", str(tmp_path / "ref.json"))[0] == 0
+    ref = json.loads((tmp_path / "ref.json").read_text())
+    want = min(e["ts"] for e in ref if e["pid"] == 1 and e["ph"] == "B")
+    assert rank1_first_op("wall", tmp_path / "wall.json") == pytest.approx(want + 5e6, abs=1e3)
+    assert rank1_first_op("ops", tmp_path / "ops.json") == pytest.approx(want, abs=5e4)
