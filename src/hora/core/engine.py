@@ -32,6 +32,7 @@ from hora.core.autotune import Autotuner
 from hora.core.controller import Coordinator, decode_responses
 from hora.core.executor import Executor, TensorEntry
 from hora.core.handles import shut_down_error
+from hora.core.hang_report import HangReport, stacks_message
 from hora.core.messages import CACHEABLE, OpType, Response, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
 from hora.errors import HoraInternalError, TransportError
@@ -108,6 +109,7 @@ class Engine:
         self.stats = {"requests_full": 0, "requests_cached": 0, "responses": 0, "fused": 0}
         self._last_stall_check = 0.0
         self._thread = threading.Thread(target=self._main, name="hora-engine", daemon=True)
+        self._hang = HangReport(self._thread, self._send_ctrl) if rank == 0 else None
 
     # -- user-thread API --------------------------------------------------------------------
     def start(self) -> None:
@@ -280,6 +282,10 @@ class Engine:
             self._closing = True
         elif kind == "abort":
             raise _Stop(str(msg.get("why", "another rank failed")))
+        elif kind == "stack":  # rank 0's hang report asks where this rank's threads are
+            pair.send_msg(encode(stacks_message(self.rank, self._thread)))
+        elif kind == "stacks" and self._hang is not None:
+            self._hang.add(int(msg["rank"]), str(msg.get("text", "")))
         else:
             raise ValueError(f"unexpected control message {kind!r} from rank {peer}")
 
@@ -481,11 +487,15 @@ class Engine:
             oldest >= s.stall_check_time_seconds
             and now - self._last_stall_warn >= s.stall_check_time_seconds
         )
+        if self._hang is not None and self._hang_pending(oldest, now, shut):
+            return
         if not (shut or warn):
             return
         after = min(s.stall_check_time_seconds, s.stall_shutdown_time_seconds or float("inf"))
         lines = self.coordinator.stalled(after, now)
         text = STALL_MESSAGE.format(secs=after, lines="\n".join(lines))
+        if shut and self._hang is not None and self._hang.text:
+            text += "\n" + self._hang.text
         if shut:
             raise HoraInternalError(
                 text + f"\nStalled for more than "
@@ -494,6 +504,20 @@ class Engine:
             )
         self._last_stall_warn = now
         log.warning(text)
+
+
+    def _hang_pending(self, oldest: float, now: float, shut: bool) -> bool:
+        """Feed the hang report (rank 0); True while a stall shutdown waits for its stacks."""
+        assert self._hang is not None
+        s = self.settings
+        after = min(s.stall_check_time_seconds, s.stall_shutdown_time_seconds or float("inf"))
+        if oldest < after:
+            self._hang.reset()
+            return False
+        return not self._hang.poll(self.coordinator, after, now) and shut
+
+    def _send_ctrl(self, rank: int, msg: dict[str, Any]) -> None:
+        self._ctrl[rank].send_msg(encode(msg))
 
 
 def _table_key(req: Any) -> str:
