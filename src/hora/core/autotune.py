@@ -72,6 +72,7 @@ class Autotuner:
         self._bytes = 0
         self._start: float | None = None
         self._log_path = settings.autotune_log
+        self.trials: list[dict[str, float]] = []  # one per scored point, for the log and timeline
         if self._log_path:
             with open(self._log_path, "w") as f:
                 f.write(CSV_HEADER + "\n")
@@ -108,23 +109,52 @@ class Autotuner:
         x = self._point()
         self._xs.append(x)
         self._ys.append(score)
-        self._scores = []
+        samples, self._scores = self._scores, []
         self._write_row(score)
+        trial = {
+            "point": float(len(self._xs)),
+            "fusion_threshold_bytes": float(self.fusion_threshold),
+            "cycle_time_ms": float(self.cycle_time_ms),
+            "score_bytes_per_us": round(score, 3),
+        }
+        self.trials.append(trial)
+        log.info(
+            "autotune: point %d (fusion threshold %.1f MiB, cycle time %.2f ms) scored %.1f "
+            "bytes/us, the median of %d samples of %d cycles each: %s",
+            len(self._xs), self.fusion_threshold / MiB, self.cycle_time_ms, score,
+            len(samples), self._steps, ", ".join(f"{v:.1f}" for v in samples),
+        )  # fmt: skip
         if len(self._xs) >= self._max_points:
-            best = self._xs[int(np.argmax(self._ys))]
-            self._set(best)
+            best = int(np.argmax(self._ys))
+            self._set(self._xs[best])
             self.done = True
-            log.info(
-                "autotune: done after %d points; fusion threshold %.1f MiB, cycle time %.2f ms",
-                len(self._xs), self.fusion_threshold / MiB, self.cycle_time_ms,
-            )  # fmt: skip
+            log.warning(self.explain(best))
         else:
             self._set(self._suggest())
-            log.debug(
-                "autotune: point %d scored %.1f bytes/us; next fusion %.1f MiB, cycle %.2f ms",
-                len(self._xs), score, self.fusion_threshold / MiB, self.cycle_time_ms,
-            )  # fmt: skip
+        trial["next_fusion_threshold_bytes"] = float(self.fusion_threshold)
+        trial["next_cycle_time_ms"] = float(self.cycle_time_ms)
+        trial["done"] = float(self.done)
         return self.fusion_threshold, self.cycle_time_ms
+
+    def explain(self, best: int) -> str:
+        """The closing log line: what was chosen, from what, and the gain over the start."""
+        first, top = self.trials[0], self.trials[best]
+        start, chosen = first["score_bytes_per_us"], top["score_bytes_per_us"]
+        gain = f"{chosen / start:.2f}x the starting point's" if start > 0 else "vs the start's"
+        tried = "; ".join(
+            f"{t['fusion_threshold_bytes'] / MiB:.1f} MiB/{t['cycle_time_ms']:.2f} ms: "
+            f"{t['score_bytes_per_us']:.1f}"
+            for t in self.trials
+        )
+        return (
+            f"autotune: chose fusion threshold {self.fusion_threshold / MiB:.1f} MiB and cycle "
+            f"time {self.cycle_time_ms:.2f} ms, the best of {len(self.trials)} points (each the "
+            f"median of {SAMPLES_PER_POINT} samples of {self._steps} cycles, after "
+            f"{self.settings.autotune_warmup_samples} warm-up samples): {chosen:.1f} bytes/us, "
+            f"{gain} {start:.1f} bytes/us ({first['fusion_threshold_bytes'] / MiB:.1f} MiB, "
+            f"{first['cycle_time_ms']:.2f} ms). Points tried (threshold/cycle: bytes/us): "
+            f"{tried}."
+        )
 
     def _point(self) -> np.ndarray:
         lo, hi = CYCLE_MS

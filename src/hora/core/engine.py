@@ -454,6 +454,8 @@ class Engine:
         if point is not None:
             self.coordinator.fusion_threshold, cycle_ms = point
             self._cycle_s = cycle_ms / 1000.0
+            if self.timeline is not None and self._tuner.trials:
+                self.timeline.mark("AUTOTUNE", self._tuner.trials[-1])
 
     def _begin_shutdown(self) -> None:
         self._closing = self.rank == 0

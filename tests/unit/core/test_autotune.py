@@ -124,6 +124,7 @@ def test_a_two_rank_job_tunes_itself_and_its_sums_stay_right(tmp_path: Path) -> 
         "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(log),
         "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "2", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "1",
         "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "3",
+        "HOROVOD_TIMELINE": str(tmp_path / "tl.{rank}.json"),
     }  # fmt: skip
     results = run_ranks(_tuned_job, 2, args=(str(log),), env=env, timeout=100)
     assert [r["wrong"] for r in results] == [0, 0]
@@ -133,3 +134,41 @@ def test_a_two_rank_job_tunes_itself_and_its_sums_stay_right(tmp_path: Path) -> 
     assert lines[0] == CSV_HEADER and len(lines) == 1 + 3
     chosen = max(lines[1:], key=lambda line: float(line.split(",")[6]))
     assert results[0]["threshold"] == int(chosen.split(",")[5])
+    # every trial is an AUTOTUNE instant in rank 0's timeline, and hora timeline lists them
+    from hora.lab.timeline import align, analyze, load
+
+    traces = load([str(tmp_path / "tl.0.json"), str(tmp_path / "tl.1.json")])
+    align(traces)
+    trials = analyze(traces)["autotune"]
+    assert [int(t["fusion_threshold_bytes"]) for t in trials] == [
+        int(line.split(",")[5]) for line in lines[1:]
+    ]
+    assert trials[-1]["done"] == 1.0 and trials[-1]["next_fusion_threshold_bytes"] == float(
+        results[0]["threshold"]
+    )
+
+
+def test_autotune_explains_its_choice_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(
+        autotune=True, autotune_steps_per_sample=2, autotune_warmup_samples=1,
+        autotune_bayes_opt_max_samples=6, fusion_threshold=16 * MiB,
+    )  # fmt: skip
+    tuner = Autotuner(settings)
+    with caplog.at_level("INFO", logger="hora.autotune"):
+        _drive(tuner)
+    assert len(tuner.trials) == 6
+    scores = [t["score_bytes_per_us"] for t in tuner.trials]
+    best = tuner.trials[int(np.argmax(scores))]
+    assert (tuner.fusion_threshold, tuner.cycle_time_ms) == (
+        best["fusion_threshold_bytes"], best["cycle_time_ms"],
+    )  # fmt: skip
+    [final] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert final.startswith(
+        f"autotune: chose fusion threshold {tuner.fusion_threshold / MiB:.1f} MiB and cycle "
+        f"time {tuner.cycle_time_ms:.2f} ms, the best of 6 points (each the median of "
+        f"{SAMPLES_PER_POINT} samples of 2 cycles, after 1 warm-up samples)"
+    )
+    assert f"{max(scores) / scores[0]:.2f}x the starting point's {scores[0]:.1f} bytes/us" in final
+    assert "16.0 MiB/1.00 ms" in final  # the starting point is among the points tried
+    per_point = [r.getMessage() for r in caplog.records if "scored" in r.getMessage()]
+    assert len(per_point) == 6 and "the median of 5 samples of 2 cycles each" in per_point[0]
