@@ -23,6 +23,7 @@ from typing import Protocol
 from hora.errors import AuthenticationError, HoraError, TransportError
 from hora.transport.base import CONTROL, DATA
 from hora.transport.endpoint import Endpoint
+from hora.transport.listener import HANDSHAKE_DEADLINE_S
 from hora.transport.tcp.auth import connect_handshake
 from hora.transport.tcp.pair import TcpPair
 from hora.transport.tcp.wire import configure
@@ -90,8 +91,10 @@ class TcpTransport(Endpoint):
         prefix: str,
         iface: str = "",
         connect_timeout: float = 30.0,
+        handshake_timeout: float = HANDSHAKE_DEADLINE_S,
+        listen_any: bool = False,
     ) -> None:
-        super().__init__(rank, size, secret, prefix, connect_timeout)
+        super().__init__(rank, size, secret, prefix, connect_timeout, handshake_timeout)
         self._store = store
         host = advertise_address(iface, store.host)
         listener = socket.create_server((host if iface else "0.0.0.0", 0), backlog=128)
