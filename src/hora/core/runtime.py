@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import logging
 import os
+import socket
 import threading
 from typing import Any
 
@@ -73,14 +74,28 @@ class Runtime:
         if ident.host_store and ident.rank == 0:
             from hora.rendezvous.server import RendezvousServer
 
-            self.server = RendezvousServer(ident.secret, port=ident.rendezvous_port)
-            self.server.start()
+            bind = _store_bind(ident.rendezvous_addr, settings.listen_any)
+            self.server = RendezvousServer(ident.secret, host=bind, port=ident.rendezvous_port,
+                                           handshake_timeout=settings.handshake_timeout_seconds)
+            try:
+                self.server.start()
+            except OSError as e:
+                if bind == "0.0.0.0":
+                    raise
+                log.warning("the rendezvous store cannot listen on %s (%s); it listens on "
+                            "every interface instead", bind, e)
+                self.server = RendezvousServer(ident.secret, host="0.0.0.0",
+                                               port=ident.rendezvous_port,
+                                               handshake_timeout=settings.handshake_timeout_seconds)
+                self.server.start()
         timeout = settings.gloo_timeout_seconds
         self.store = StoreClient(ident.rendezvous_addr, ident.rendezvous_port, ident.secret,
                                  timeout=timeout)
         tcp = TcpTransport(ident.rank, ident.size, ident.secret, self.store,
                            prefix=f"hora/{generation}", iface=settings.gloo_iface,
-                           connect_timeout=timeout)
+                           connect_timeout=timeout,
+                           handshake_timeout=settings.handshake_timeout_seconds,
+                           listen_any=settings.listen_any)
         from hora.transport.composite import host_transport
 
         return host_transport(tcp, self.store, f"hora/{generation}", ident.secret,
@@ -92,6 +107,22 @@ class Runtime:
             self.store.close()
         if self.server is not None:
             self.server.stop()
+
+
+def _store_bind(addr: str, listen_any: bool) -> str:
+    """Where rank 0 runs the store when the environment names its address ``addr``: that
+    address (loopback for a local job), or every interface when asked (``HORA_LISTEN_ANY``) or
+    when ``addr`` is a host name that resolves to loopback here but not on the other hosts."""
+    if listen_any:
+        return "0.0.0.0"
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError:
+        return "0.0.0.0"
+    named = addr != ip and addr != "localhost"
+    if ip.startswith("127.") and named:
+        return "0.0.0.0"
+    return ip
 
 
 def _make_timeline(path: str, mark_cycles: bool) -> Any:
@@ -172,7 +203,7 @@ def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Ident
         return identity, None
     from hora.backends.mpi import bootstrap
 
-    job = bootstrap(comm, settings.gloo_iface, identity.hostname)
+    job = bootstrap(comm, settings.gloo_iface, identity.hostname, settings.listen_any)
     return job.identity, job
 
 

@@ -67,6 +67,8 @@ class Job:
             connect_timeout=config.start_timeout,
         )
 
+    open_ended = False  # hosts may join later (the elastic job): the store listens on all
+
     def __enter__(self) -> Job:
         hosts = list(dict.fromkeys(s.hostname for s in self.slots))
         self._preflight = run_preflight(
@@ -77,10 +79,14 @@ class Job:
             ",".join(self._preflight.interfaces) or "none",
             self._preflight.reason,
         )
-        server = RendezvousServer(self.secret, host="0.0.0.0", port=0)
+        settings = self.config.settings
+        bind = self._preflight.store_bind_address(settings.listen_any, self.open_ended)
+        server = RendezvousServer(
+            self.secret, host=bind, port=0, handshake_timeout=settings.handshake_timeout_seconds
+        )
         self.port = server.start()
         self._server = server
-        self._say("rendezvous store listening on port %d", self.port)
+        self._say("rendezvous store listening on %s:%d", bind, self.port)
         return self
 
     def __exit__(

@@ -1,6 +1,8 @@
 """TcpTransport: all the TCP connections of one rank, made lazily through the rendezvous store.
 
-At construction the transport listens on an ephemeral port and publishes ``"host:port"`` under
+At construction the transport listens on an ephemeral port of the address it publishes (the
+interface ``iface``'s, else the one that routes toward the rendezvous store: loopback for a local
+job; every interface only with ``listen_any``) and publishes ``"host:port"`` under
 ``{prefix}/addr/{rank}``. ``pair(peer, channel)`` connects on first use: the higher rank
 connects to the lower one (reading the address from the store) and the lower one waits for
 that connection to arrive on its listener. Every connection runs the mutual HMAC handshake of
@@ -97,7 +99,7 @@ class TcpTransport(Endpoint):
         super().__init__(rank, size, secret, prefix, connect_timeout, handshake_timeout)
         self._store = store
         host = advertise_address(iface, store.host)
-        listener = socket.create_server((host if iface else "0.0.0.0", 0), backlog=128)
+        listener = socket.create_server(("0.0.0.0" if listen_any else host, 0), backlog=128)
         self._address = (host, int(listener.getsockname()[1]))
         self._listen(listener, f"hora-tcp-accept-{rank}")
         try:
