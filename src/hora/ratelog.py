@@ -62,11 +62,12 @@ class RateLimitedLog:
         if show:
             self._log.warning(msg, *args)
 
-    def flush(self) -> None:
-        """Write the summary of a window that has ended, if it left anything out."""
+    def flush(self, final: bool = False) -> None:
+        """Write the summary of a window that has ended (with ``final``: of the current window,
+        as its owner closes), if it left anything out."""
         now = self._clock()
         with self._lock:
-            summary = self._roll(now)
+            summary = self._roll(now, final)
         if summary:
             self._log.warning(summary)
 
@@ -77,16 +78,17 @@ class RateLimitedLog:
                 return None
             return self._start + self._every
 
-    def _roll(self, now: float) -> str:
+    def _roll(self, now: float, final: bool = False) -> str:
         """End the window if its time is up; the summary line to write (or ""). Lock held."""
-        if self._start is None or now - self._start < self._every:
+        if self._start is None or (now - self._start < self._every and not final):
             return ""
         if not self._left_out:
             self._start = None  # a quiet window: the next warning starts afresh
             return ""
+        span = max(now - self._start, 1.0)
         text = (
-            f"{self._left_out} more {self._what} in the last {now - self._start:.0f} s, not "
-            f"logged one by one (the last: {self._example})"
+            f"{self._left_out} more {self._what} in the last {span:.0f} s, not logged one by one "
+            f"(the last: {self._example})"
         )
         # still flooding: the next window shows only its summary
         self._start, self._shown, self._left_out = now, self._first, 0

@@ -118,7 +118,7 @@ class RendezvousServer:
             self._listener.close()
         for sock in socks:
             hard_close(sock)
-        self._bad.flush()
+        self._bad.flush(final=True)
 
     def __enter__(self) -> RendezvousServer:
         self.start()

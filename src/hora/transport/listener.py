@@ -110,7 +110,7 @@ class Listener:
             self._cond.notify_all()
         for sock in socks:
             hard_close(sock)
-        self.rejections.flush()
+        self.rejections.flush(final=True)
 
     # -- the accept thread ------------------------------------------------------------------
     def _next_wake(self, now: float) -> float | None:
