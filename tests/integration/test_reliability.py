@@ -145,6 +145,10 @@ import numpy as np
 import hora as hvd
 
 how = sys.argv[1]
+if os.environ["HORA_RANK"] == "0":
+    # when rank 1 fails the launcher stops the others (SIGTERM, then SIGKILL after its grace);
+    # rank 0 stays long enough to print what its op raised
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 hvd.init()
 hvd.allreduce(np.ones(4), name="warm")
 if hvd.rank() == 1:

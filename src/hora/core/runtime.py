@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -57,6 +58,7 @@ class Runtime:
         self.engine = Engine(identity.rank, identity.size, settings, transport, backend,
                              self.timeline)
         self.engine.register_global_set()
+        self.engine.departure = self._departure
         self.engine.start()
         self.sets: dict[int, ProcessSet] = {0: global_process_set}
         self.dynamic_counter = 0
@@ -101,8 +103,17 @@ class Runtime:
         return host_transport(tcp, self.store, f"hora/{generation}", ident.secret,
                               ident.hostname, settings.shm_disable, timeout)
 
-    def close(self) -> None:
-        self.engine.shutdown()
+    def _departure(self, rank: int, wait: float) -> str | None:
+        """How ``rank`` left, as the launcher recorded it ("exited with code 0"), waiting up to
+        ``wait`` seconds for it; None where no launcher records exits (engine or user thread)."""
+        from hora.rendezvous.protocol import DEPARTURES_REPORTED, departure_key
+
+        if self.store is None or not self.store.check([DEPARTURES_REPORTED]):
+            return None
+        return str(self.store.get(departure_key(rank), timeout=wait).decode())
+
+    def close(self, how: str | None = None) -> None:
+        self.engine.shutdown(how=how)
         if self.store is not None:
             self.store.close()
         if self.server is not None:
@@ -180,7 +191,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         global_process_set.ranks = list(range(identity.size))
         global_process_set._bind(0, identity.rank)
         if not _atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_at_exit)
+            if sys.excepthook is sys.__excepthook__:
+                sys.excepthook = _note_uncaught
             _atexit_registered = True
     for ps in process_sets or ():
         if not isinstance(ps, ProcessSet):
@@ -259,7 +272,8 @@ def remove_process_set(ps: ProcessSet) -> bool:
     return True
 
 
-def shutdown() -> None:
+def shutdown(how: str | None = "called hvd.shutdown()") -> None:
+    """Stop hora on this process; ``how`` tells the other ranks why (see _at_exit)."""
     global _runtime
     with _lock:
         rt, _runtime = _runtime, None
@@ -268,7 +282,27 @@ def shutdown() -> None:
         for ps in rt.sets.values():
             if ps is not global_process_set:
                 ps._unbind()
-        rt.close()
+        rt.close(how)
+
+
+_uncaught: str | None = None  # "raised X: message" once an exception ends the main thread
+
+
+def _note_uncaught(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """sys.excepthook: remember the exception for the goodbye, then report it as before."""
+    global _uncaught
+    if not issubclass(kind, KeyboardInterrupt):
+        _uncaught = f"raised {kind.__name__}: {value}"
+    _previous_excepthook(kind, value, tb)
+
+
+_previous_excepthook = sys.excepthook
+
+
+def _at_exit() -> None:
+    """The interpreter exits: say why, if an uncaught exception is the reason; otherwise the
+    launcher reports the exit status to the ranks that ask."""
+    shutdown(_uncaught)
 
 
 def runtime() -> Runtime:

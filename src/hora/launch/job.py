@@ -25,6 +25,7 @@ from hora.launch.hosts import SlotInfo, assign_ranks
 from hora.launch.preflight import Preflight, run_preflight
 from hora.launch.process import ConsoleSink, Worker, stop_all, wrapper_script
 from hora.launch.workerenv import job_env, rank_env
+from hora.rendezvous.protocol import DEPARTURES_REPORTED, departure_key
 from hora.rendezvous.server import RendezvousServer
 
 log = logging.getLogger("hora.launch")
@@ -39,6 +40,15 @@ def exit_status(code: int) -> str:
     if 128 < code <= 128 + 64:
         return f"{code} ({_signal_name(code - 128)}, as a shell reports it)"
     return str(code)
+
+
+def departure(code: int) -> str:
+    """How a worker with exit status ``code`` left, as a rank's error message says it."""
+    if code < 0:
+        return f"was killed by signal {-code} ({_signal_name(-code)})"
+    if 128 < code <= 128 + 64:
+        return f"was killed by signal {code - 128} ({_signal_name(code - 128)}; exit code {code})"
+    return f"exited with code {code}"
 
 
 def _signal_name(number: int) -> str:
@@ -86,6 +96,8 @@ class Job:
         )
         self.port = server.start()
         self._server = server
+        if not self.open_ended and self.config.backend != "mpi":  # _wait records each exit
+            server.put(DEPARTURES_REPORTED, b"1")
         self._say("rendezvous store listening on %s:%d", bind, self.port)
         return self
 
@@ -190,6 +202,8 @@ class Job:
             except queue.Empty:
                 continue
             remaining -= 1
+            if self._server is not None and self.config.backend != "mpi":
+                self._server.put(departure_key(label), departure(code).encode())
             if code == 0:
                 continue
             self.failure = (label, code)

@@ -106,6 +106,12 @@ class RendezvousServer:
         log.debug("rendezvous store listening on %s:%d", self._host, self._port)
         return self._port
 
+    def put(self, key: str, value: bytes) -> None:
+        """Set ``key`` from the process that runs the store (no connection); thread-safe."""
+        with self._changed:
+            self._data[key] = value
+            self._changed.notify_all()
+
     def stop(self) -> None:
         """Stop serving: close the listener and every client connection. Idempotent."""
         with self._changed:
