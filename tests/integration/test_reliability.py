@@ -190,3 +190,47 @@ def test_rank_that_leaves_is_named_with_how_and_the_op(tmp_path: Path, how: str,
     assert "Horovod has been shut down" in text and "one of the ranks" in text, text
     assert said in text, text
     assert "allreduce" in text and "grad.fc1" in text, text  # the op the caller was in
+
+
+def _paused_mid_stream(rank: int, stopped: int, pause_s: int) -> list[bool]:
+    import os
+    import subprocess
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    n = 8 << 20  # 32 MiB of float32
+    base = np.arange(n, dtype=np.float32) % 7
+    ok = []
+    for i in range(8):
+        if rank == stopped and i == 3:  # mid-stream: the others are already in the next one
+            subprocess.Popen(["sh", "-c", f"kill -STOP {os.getpid()}; sleep {pause_s}; "
+                                          f"kill -CONT {os.getpid()}"])  # fmt: skip
+        got = hvd.allreduce(base + (rank + i), op=hvd.Sum, name=f"stream.{i}")
+        size = hvd.size()
+        want = base * size + (size * i + size * (size - 1) // 2)
+        ok.append(bool(np.array_equal(got, want)))
+    hvd.shutdown()
+    return ok
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("np_, stopped", [(2, 1), (3, 0)], ids=["np2-rank1", "np3-rank0"])
+def test_a_rank_paused_mid_stream_resumes_with_right_results(np_: int, stopped: int) -> None:
+    from harness import spawn_ranks
+
+    pause_s = 25  # the shortest pause the issue names: past every keepalive and stall timer
+    env = {
+        "HORA_SHM_DISABLE": "1",
+        "HORA_STALL_CHECK_TIME_SECONDS": "5",
+        "HORA_STALL_SHUTDOWN_TIME_SECONDS": "0",
+    }
+    results = spawn_ranks(_paused_mid_stream, np_, args=(stopped, pause_s), timeout=120, env=env)
+    for r in results:
+        assert r.ok, r.stderr
+        assert r.value == [True] * 8, (r.rank, r.value)
+    if stopped != 0:  # the coordinator (rank 0) names the rank it waits for
+        text = results[0].stderr
+        assert "Missing ranks" in text and f"{stopped}: [allreduce.stream.3]" in text, text
