@@ -24,7 +24,7 @@ import numpy as np
 import hora as hvd
 from hora.core import runtime
 
-PROBES_PER_PORT = 20
+PROBES_PER_PORT = int(os.environ.get("PROBES_PER_PORT", "20"))  # 0: a baseline run
 TRICKLE_FOR_S = 15.0  # each probe sends one zero byte every 0.5 s, at most this long
 
 def listening(port):
@@ -89,6 +89,8 @@ if rank == 0:
     def wait_probes():
         for t in threads:
             t.join()
+        if not threads:
+            time.sleep(TRICKLE_FOR_S)
         stop.set()
     threading.Thread(target=wait_probes, daemon=True).start()
 else:

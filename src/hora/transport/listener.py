@@ -27,6 +27,7 @@ Threads: one accept thread (daemon) per listener, one daemon thread per connecti
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -120,11 +121,13 @@ class Listener:
         return max(min(due) - now, 0.0) + 0.01 if due else None
 
     def _reap(self, now: float) -> None:
-        """Close the connections whose admission ran out of time (lock held)."""
+        """Shut down the connections whose admission ran out of time (lock held): that wakes
+        their admission threads, which report and close them."""
         for conn, deadline in list(self._pending.items()):
             if deadline <= now and conn not in self._expired:
                 self._expired.add(conn)
-                hard_close(conn)  # wakes the admission thread, which reports it
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
 
     def _accept_loop(self) -> None:
         while True:
@@ -173,6 +176,9 @@ class Listener:
             result = self._handshake(conn, addr)
             error: BaseException | None = None
         except REJECTED as e:
+            result, error = None, e
+        except Exception as e:  # a bug in the set-up must not leak the admission slot
+            self._log.exception("%s: admitting a connection failed", self.what)
             result, error = None, e
         with self._cond:
             expired = conn in self._expired

@@ -15,6 +15,8 @@ import pytest
 from hora.ratelog import RateLimitedLog
 from hora.rendezvous import RendezvousServer, StoreClient
 from hora.transport.listener import Listener
+from hora.transport.shm.transport import ShmTransport, socket_name
+from hora.transport.shm.transport import available as shm_available
 
 SECRET = b"listener-test-secret"
 GREETING = b"HORA\x01"
@@ -58,6 +60,21 @@ def test_a_trickling_handshake_is_dropped_at_its_deadline() -> None:
             client.set("still", b"serving")  # an honest client is not held to the old deadline
             time.sleep(1.0)
             assert client.get("still") == b"serving"
+
+
+@pytest.mark.skipif(not shm_available(), reason="the shared-memory transport needs Linux")
+def test_the_shared_memory_listener_has_the_same_deadline() -> None:
+    with ShmTransport(0, 2, SECRET, "deadline", handshake_timeout=0.5) as shm:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.connect(socket_name(SECRET, "deadline", 0))
+            assert _closed_by_server(probe, budget=20.0)
+        listener = shm.listener
+        assert listener is not None
+        for _ in range(100):  # its admission thread counts it just after the close
+            if listener.counts["expired"]:
+                break
+            time.sleep(0.05)
+        assert listener.counts["expired"] == 1 and listener.pending == 0
 
 
 def test_handshakes_in_progress_are_capped() -> None:
