@@ -114,9 +114,9 @@ def test_rate_limited_log_shows_the_first_few_then_a_count(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = _Clock()
-    log = RateLimitedLog(logging.getLogger("hora.test.ratelog"), "drops", first=3, every=10.0,
+    log = RateLimitedLog(logging.getLogger("test.ratelog"), "drops", first=3, every=10.0,
                          clock=clock)  # fmt: skip
-    caplog.set_level(logging.WARNING, logger="hora.test.ratelog")
+    caplog.set_level(logging.WARNING, logger="test.ratelog")
     for i in range(60):
         log.warning("drop %d", i)
         clock.now += 0.1  # 60 warnings in 6 s
