@@ -334,6 +334,29 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob("gloo_iface", str, "", "GLOO_IFACE", "Network interface to listen on.", None, None, None),
     Knob(
+        "handshake_timeout_seconds",
+        float,
+        5.0,
+        "HANDSHAKE_TIMEOUT_SECONDS",
+        "Seconds an incoming connection has for its whole handshake before it is dropped "
+        "(rendezvous store and every rank's listeners).",
+        None,
+        None,
+        None,
+        positive=True,
+    ),
+    Knob(
+        "listen_any",
+        bool,
+        False,
+        "LISTEN_ANY",
+        "Listen on every interface (0.0.0.0) instead of loopback (local jobs) or the job's "
+        "interface (multi-host jobs).",
+        None,
+        None,
+        None,
+    ),
+    Knob(
         "mpi_threads_disable",
         bool,
         False,
@@ -551,6 +574,8 @@ class Settings:
     elastic_timeout: float = 600.0
     gloo_timeout_seconds: float = 30.0
     gloo_iface: str = ""
+    handshake_timeout_seconds: float = 5.0
+    listen_any: bool = False
     mpi_threads_disable: bool = False
     shm_disable: bool = False
     liveness_timeout_seconds: float = 5.0

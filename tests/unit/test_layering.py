@@ -35,8 +35,6 @@ KNOWN: dict[Edge, str] = {
     # the core joins an elastic round through elastic/rendezvous.py (core -> elastic); being
     # removed: the store protocol of rounds moves below the core (rendezvous/).
     ("hora.core.runtime", "hora.elastic.rendezvous"): "core -> elastic",
-    # (transport/tcp and transport/shm repeating one listener skeleton is being removed too;
-    # it is no import, so it has no entry here.)
 }
 
 

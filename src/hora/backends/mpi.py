@@ -68,10 +68,13 @@ class MpiJob:
     server: Any  # the RendezvousServer rank 0 started; None elsewhere
 
 
-def bootstrap(comm: Any, iface: str = "", hostname: str = "") -> MpiJob:
+def bootstrap(
+    comm: Any, iface: str = "", hostname: str = "", listen_any: bool = False
+) -> MpiJob:
     """hora's world on ``comm`` (an mpi4py communicator, a list of ``COMM_WORLD`` ranks, or
     None for ``COMM_WORLD``), with a rendezvous store started by its rank 0. ``hostname``
-    names this host in the identity (default: MPI's processor name)."""
+    names this host in the identity (default: MPI's processor name); the store listens on every
+    interface only with ``listen_any``."""
     from hora.rendezvous.server import RendezvousServer
     from hora.transport.tcp.transport import advertise_address
 
@@ -91,7 +94,7 @@ def bootstrap(comm: Any, iface: str = "", hostname: str = "") -> MpiJob:
             others = [h for h in hosts if h != hosts[0]]
             addr = advertise_address(iface, others[0]) if others or iface else "127.0.0.1"
             secret = secrets.token_bytes(32)
-            bind = "127.0.0.1" if addr == "127.0.0.1" else "0.0.0.0"
+            bind = "0.0.0.0" if listen_any else addr  # the wildcard only when asked for
             server = RendezvousServer(secret, host=bind)
             info = (addr, server.start(), secret)
         except Exception as e:  # tell the others instead of leaving them in bcast

@@ -53,6 +53,23 @@ class _Stop(Exception):
     """The loop ends normally (shutdown) or with a cause another rank reported."""
 
 
+class _PeerGone(TransportError):
+    """The control connection of rank ``peer`` closed without a goodbye."""
+
+    def __init__(self, message: str, peer: int) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+DEPARTURE_WAIT_S = 3.0  # how long a failing rank waits to learn how a peer left
+
+
+def _describe(entry: TensorEntry) -> str:
+    """The op a caller was in, for its error message."""
+    req = entry.spec_request
+    return f"{req.op.name.lower()} of tensor {req.match!r}"
+
+
 class MemberState:
     """This rank's view of one process set it belongs to."""
 
@@ -102,6 +119,11 @@ class Engine:
         self._bye_sent = False
         self._gone: set[int] = set()
         self.cause: str | None = None  # why the engine stopped, once it has
+        # the rank whose shutdown or exit stopped the job, and how it left when it said so
+        self._left: tuple[int, str | None] | None = None
+        self._how: str | None = None  # how this rank leaves (sent with its goodbye)
+        # how a rank left, as its launcher saw it ("exited with code 0"): set by the runtime
+        self.departure: Callable[[int, float], str | None] | None = None
         self._stopped = threading.Event()
         self._last_stall_warn = 0.0
         # counters for tests and debugging: requests sent in full or as cache bits, responses
@@ -147,12 +169,16 @@ class Engine:
             if wake:  # outside the lock: the woken engine thread takes it at once
                 self._wake()
             return
-        err = shut_down_error(self.cause or "")
+        cause = self.cause or self._departure_cause()
         for e in entries:
-            e.fail(err)
+            e.fail(shut_down_error(cause or "", _describe(e)))
 
-    def shutdown(self, timeout: float = 30.0) -> None:
+    def shutdown(self, timeout: float = 30.0, how: str | None = None) -> None:
+        """Stop the engine (any thread but its own waits for it); ``how`` says to the other
+        ranks why this one leaves ("called hvd.shutdown()", "raised ValueError: ...")."""
         with self._lock:
+            if self._how is None:
+                self._how = how
             self._stop_requested = True
             self._wake()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -176,7 +202,13 @@ class Engine:
             if isinstance(e, TransportError):
                 # A closed connection may only echo another rank's failure: if that rank
                 # already reported its cause, pass on the root, not the echo.
-                cause = self._reported_cause() or cause
+                reported = self._reported_cause()
+                if reported:
+                    cause = reported
+                elif isinstance(e, _PeerGone):
+                    how = self._explain(e.peer)
+                    if how:
+                        cause = f"rank {e.peer} {how} (its connection to rank {self.rank} closed)"
             log.error("hora background loop uncaught exception on rank %d: %s", self.rank, cause)
             self._abort_peers(cause)
             self._finish(cause)
@@ -199,19 +231,39 @@ class Engine:
                     return str(msg.get("why", ""))
         return None
 
+    def _explain(self, peer: int) -> str | None:
+        """How ``peer`` left, from its launcher, waiting a little for it; None if unknown."""
+        if self.departure is None:
+            return None
+        try:
+            return self.departure(peer, DEPARTURE_WAIT_S)
+        except Exception:  # the store may be gone too: the generic message stays
+            return None
+
+    def _departure_cause(self) -> str | None:
+        """"rank N <how it left>" when a peer's shutdown or exit stopped the job, else None."""
+        if self._left is None or self._left[0] == self.rank:
+            return None
+        peer, how = self._left
+        how = how or self._explain(peer) or "shut down (hvd.shutdown() or the end of its script)"
+        with self._lock:
+            if self.cause is None:
+                self.cause = f"rank {peer} {how}"
+            return self.cause
+
     def _finish(self, cause: str | None) -> None:
         with self._lock:
             self.cause = cause
             self._stopped.set()
             queued, self._queue = self._queue, []
-        err = shut_down_error(cause or "")
-        for _, entries in queued:
-            for e in entries:
-                e.fail(err)
+        pending = [e for _, entries in queued for e in entries]
         for ms in self.members.values():
             table, ms.table = ms.table, {}
-            for e in table.values():
-                e.fail(err)
+            pending += table.values()
+        if pending and cause is None:
+            cause = self._departure_cause()
+        for e in pending:
+            e.fail(shut_down_error(cause or "", _describe(e)))
         if self.timeline is not None:
             self.timeline.close()
         self.executor.backend.close()
@@ -268,8 +320,9 @@ class Engine:
                 if peer == 0:
                     self._closing = True
                 return
-            raise TransportError(
-                f"rank {peer} exited or was killed (its connection to rank {self.rank} closed)"
+            raise _PeerGone(
+                f"rank {peer} exited or was killed (its connection to rank {self.rank} closed)",
+                peer,
             ) from None
         kind = msg["t"]
         if kind == "req" and self.coordinator is not None:
@@ -277,8 +330,12 @@ class Engine:
         elif kind == "resp":
             self._inbox.append((int(msg["ps"]), msg["l"]))
         elif kind == "bye" and self.rank == 0:
+            if self._left is None:
+                self._left = (peer, msg.get("how"))
             self._stop_requested = True
         elif kind == "shutdown":
+            if self._left is None and "left" in msg:
+                self._left = (int(msg["left"]), msg.get("how"))
             self._closing = True
         elif kind == "abort":
             raise _Stop(str(msg.get("why", "another rank failed")))
@@ -460,14 +517,20 @@ class Engine:
     def _begin_shutdown(self) -> None:
         self._closing = self.rank == 0
         if self.rank == 0:
+            if self._left is None:
+                self._left = (0, self._how)
+            msg: dict[str, Any] = {"t": "shutdown", "left": self._left[0]}
+            if self._left[1]:
+                msg["how"] = self._left[1]
             for peer, pair in self._ctrl.items():
                 try:
-                    pair.send_msg(encode({"t": "shutdown"}))
+                    pair.send_msg(encode(msg))
                 except TransportError:
                     self._gone.add(peer)
         elif not self._bye_sent:
             self._bye_sent = True
-            self._ctrl[0].send_msg(encode({"t": "bye"}))
+            self._ctrl[0].send_msg(encode({"t": "bye", "how": self._how} if self._how else
+                                          {"t": "bye"}))
 
     def _abort_peers(self, cause: str) -> None:
         data = encode({"t": "abort", "why": f"rank {self.rank} failed: {cause}"})

@@ -171,7 +171,10 @@ class NamesInFlight:
 in_flight = NamesInFlight()
 
 
-def shut_down_error(cause: str = "") -> HoraInternalError:
+def shut_down_error(cause: str = "", during: str = "") -> HoraInternalError:
+    """Horovod's shutdown message (scripts match it), then the first cause and the op the
+    caller was in, each on a line of its own when known."""
     from hora.errors import SHUT_DOWN_MESSAGE
 
-    return HoraInternalError(SHUT_DOWN_MESSAGE + (f"\nCause: {cause}" if cause else ""))
+    text = SHUT_DOWN_MESSAGE + (f"\nCause: {cause}" if cause else "")
+    return HoraInternalError(text + (f"\nThe caller was in: {during}" if during else ""))

@@ -18,6 +18,8 @@ import atexit
 import contextlib
 import logging
 import os
+import socket
+import sys
 import threading
 from typing import Any
 
@@ -57,6 +59,7 @@ class Runtime:
         self.engine = Engine(identity.rank, identity.size, settings, transport, backend,
                              self.timeline)
         self.engine.register_global_set()
+        self.engine.departure = self._departure
         self.engine.start()
         self.sets: dict[int, ProcessSet] = {0: global_process_set}
         self.dynamic_counter = 0
@@ -74,21 +77,44 @@ class Runtime:
         if ident.host_store and ident.rank == 0:
             from hora.rendezvous.server import RendezvousServer
 
-            self.server = RendezvousServer(ident.secret, port=ident.rendezvous_port)
-            self.server.start()
+            bind = _store_bind(ident.rendezvous_addr, settings.listen_any)
+            self.server = RendezvousServer(ident.secret, host=bind, port=ident.rendezvous_port,
+                                           handshake_timeout=settings.handshake_timeout_seconds)
+            try:
+                self.server.start()
+            except OSError as e:
+                if bind == "0.0.0.0":
+                    raise
+                log.warning("the rendezvous store cannot listen on %s (%s); it listens on "
+                            "every interface instead", bind, e)
+                self.server = RendezvousServer(ident.secret, host="0.0.0.0",
+                                               port=ident.rendezvous_port,
+                                               handshake_timeout=settings.handshake_timeout_seconds)
+                self.server.start()
         timeout = settings.gloo_timeout_seconds
         self.store = StoreClient(ident.rendezvous_addr, ident.rendezvous_port, ident.secret,
                                  timeout=timeout)
         tcp = TcpTransport(ident.rank, ident.size, ident.secret, self.store,
                            prefix=f"hora/{generation}", iface=settings.gloo_iface,
-                           connect_timeout=timeout)
+                           connect_timeout=timeout,
+                           handshake_timeout=settings.handshake_timeout_seconds,
+                           listen_any=settings.listen_any)
         from hora.transport.composite import host_transport
 
         return host_transport(tcp, self.store, f"hora/{generation}", ident.secret,
                               ident.hostname, settings.shm_disable, timeout)
 
-    def close(self) -> None:
-        self.engine.shutdown()
+    def _departure(self, rank: int, wait: float) -> str | None:
+        """How ``rank`` left, as the launcher recorded it ("exited with code 0"), waiting up to
+        ``wait`` seconds for it; None where no launcher records exits (engine or user thread)."""
+        from hora.rendezvous.protocol import DEPARTURES_REPORTED, departure_key
+
+        if self.store is None or not self.store.check([DEPARTURES_REPORTED]):
+            return None
+        return str(self.store.get(departure_key(rank), timeout=wait).decode())
+
+    def close(self, how: str | None = None) -> None:
+        self.engine.shutdown(how=how)
         if self.store is not None:
             self.store.close()
         if self.server is not None:
@@ -101,6 +127,22 @@ def timeline_path(path: str, rank: int) -> str:
     if "{rank}" in path:
         return path.replace("{rank}", str(rank))
     return path if rank == 0 else ""
+
+
+def _store_bind(addr: str, listen_any: bool) -> str:
+    """Where rank 0 runs the store when the environment names its address ``addr``: that
+    address (loopback for a local job), or every interface when asked (``HORA_LISTEN_ANY``) or
+    when ``addr`` is a host name that resolves to loopback here but not on the other hosts."""
+    if listen_any:
+        return "0.0.0.0"
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError:
+        return "0.0.0.0"
+    named = addr != ip and addr != "localhost"
+    if ip.startswith("127.") and named:
+        return "0.0.0.0"
+    return ip
 
 
 def make_timeline(path: str, settings: Settings, rank: int, size: int) -> Any:
@@ -164,7 +206,9 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         global_process_set.ranks = list(range(identity.size))
         global_process_set._bind(0, identity.rank)
         if not _atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_at_exit)
+            if sys.excepthook is sys.__excepthook__:
+                sys.excepthook = _note_uncaught
             _atexit_registered = True
     for ps in process_sets or ():
         if not isinstance(ps, ProcessSet):
@@ -187,7 +231,7 @@ def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Ident
         return identity, None
     from hora.backends.mpi import bootstrap
 
-    job = bootstrap(comm, settings.gloo_iface, identity.hostname)
+    job = bootstrap(comm, settings.gloo_iface, identity.hostname, settings.listen_any)
     return job.identity, job
 
 
@@ -243,7 +287,8 @@ def remove_process_set(ps: ProcessSet) -> bool:
     return True
 
 
-def shutdown() -> None:
+def shutdown(how: str | None = "called hvd.shutdown()") -> None:
+    """Stop hora on this process; ``how`` tells the other ranks why (see _at_exit)."""
     global _runtime
     with _lock:
         rt, _runtime = _runtime, None
@@ -252,7 +297,27 @@ def shutdown() -> None:
         for ps in rt.sets.values():
             if ps is not global_process_set:
                 ps._unbind()
-        rt.close()
+        rt.close(how)
+
+
+_uncaught: str | None = None  # "raised X: message" once an exception ends the main thread
+
+
+def _note_uncaught(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """sys.excepthook: remember the exception for the goodbye, then report it as before."""
+    global _uncaught
+    if not issubclass(kind, KeyboardInterrupt):
+        _uncaught = f"raised {kind.__name__}: {value}"
+    _previous_excepthook(kind, value, tb)
+
+
+_previous_excepthook = sys.excepthook
+
+
+def _at_exit() -> None:
+    """The interpreter exits: say why, if an uncaught exception is the reason; otherwise the
+    launcher reports the exit status to the ranks that ask."""
+    shutdown(_uncaught)
 
 
 def runtime() -> Runtime:

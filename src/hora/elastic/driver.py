@@ -97,6 +97,8 @@ def discover(script: str, slots_per_host: int | None, timeout: float = 30.0) -> 
 
 
 class ElasticJob(Job):
+    open_ended = True
+
     def __init__(self, config: LaunchConfig, options: ElasticOptions) -> None:
         self.options = options
         if options.min_np < 1 or options.min_np > config.np:

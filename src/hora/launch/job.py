@@ -25,6 +25,7 @@ from hora.launch.hosts import SlotInfo, assign_ranks
 from hora.launch.preflight import Preflight, run_preflight
 from hora.launch.process import ConsoleSink, Worker, stop_all, wrapper_script
 from hora.launch.workerenv import job_env, rank_env
+from hora.rendezvous.protocol import DEPARTURES_REPORTED, departure_key
 from hora.rendezvous.server import RendezvousServer
 
 log = logging.getLogger("hora.launch")
@@ -39,6 +40,15 @@ def exit_status(code: int) -> str:
     if 128 < code <= 128 + 64:
         return f"{code} ({_signal_name(code - 128)}, as a shell reports it)"
     return str(code)
+
+
+def departure(code: int) -> str:
+    """How a worker with exit status ``code`` left, as a rank's error message says it."""
+    if code < 0:
+        return f"was killed by signal {-code} ({_signal_name(-code)})"
+    if 128 < code <= 128 + 64:
+        return f"was killed by signal {code - 128} ({_signal_name(code - 128)}; exit code {code})"
+    return f"exited with code {code}"
 
 
 def _signal_name(number: int) -> str:
@@ -67,6 +77,8 @@ class Job:
             connect_timeout=config.start_timeout,
         )
 
+    open_ended = False  # hosts may join later (the elastic job): the store listens on all
+
     def __enter__(self) -> Job:
         hosts = list(dict.fromkeys(s.hostname for s in self.slots))
         self._preflight = run_preflight(
@@ -77,10 +89,16 @@ class Job:
             ",".join(self._preflight.interfaces) or "none",
             self._preflight.reason,
         )
-        server = RendezvousServer(self.secret, host="0.0.0.0", port=0)
+        settings = self.config.settings
+        bind = self._preflight.store_bind_address(settings.listen_any, self.open_ended)
+        server = RendezvousServer(
+            self.secret, host=bind, port=0, handshake_timeout=settings.handshake_timeout_seconds
+        )
         self.port = server.start()
         self._server = server
-        self._say("rendezvous store listening on port %d", self.port)
+        if not self.open_ended and self.config.backend != "mpi":  # _wait records each exit
+            server.put(DEPARTURES_REPORTED, b"1")
+        self._say("rendezvous store listening on %s:%d", bind, self.port)
         return self
 
     def __exit__(
@@ -184,6 +202,8 @@ class Job:
             except queue.Empty:
                 continue
             remaining -= 1
+            if self._server is not None and self.config.backend != "mpi":
+                self._server.put(departure_key(label), departure(code).encode())
             if code == 0:
                 continue
             self.failure = (label, code)

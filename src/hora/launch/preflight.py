@@ -27,6 +27,28 @@ class Preflight:
     interfaces: list[str]  # chosen interfaces, first preferred; empty: let workers choose
     reason: str  # why those interfaces
 
+    def store_bind_address(self, listen_any: bool = False, open_ended: bool = False) -> str:
+        """Where the rendezvous store listens: loopback when every host is this one, else the
+        one address every remote host reaches this host at (local ranks then use it too); the
+        wildcard only when asked for (``listen_any``), for a job whose hosts are not known yet
+        (``open_ended``: elastic) or whose hosts reach this one at different addresses."""
+        if listen_any or open_ended:
+            return "0.0.0.0"
+        remote = {a for a in self.launcher_address.values() if a != LOOPBACK_ADDRESS}
+        if not remote:
+            return LOOPBACK_ADDRESS
+        if len(remote) == 1:
+            (address,) = remote
+            for host in self.launcher_address:  # a local rank reaches the same address
+                self.launcher_address[host] = address
+            return address
+        log.warning(
+            "the remote hosts reach this host at different addresses (%s): the rendezvous store "
+            "listens on every interface",
+            ", ".join(sorted(remote)),
+        )
+        return "0.0.0.0"
+
     @property
     def remote_address(self) -> str:
         """One address every host can reach the launcher at (for mpirun's single -x value)."""

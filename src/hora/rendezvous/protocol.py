@@ -93,3 +93,14 @@ def recv_frame(sock: socket.socket) -> bytes:
     if length > MAX_FRAME:
         raise ValueError(f"store message of {length} bytes exceeds {MAX_FRAME}")
     return recv_exact(sock, length)
+
+
+# How each rank of a job left, as its launcher saw it ("exited with code 0", "was killed by
+# signal 9 (SIGKILL)"): the launcher sets DEPARTURES_REPORTED when the job starts, then one key
+# per rank as its process ends, so a rank that finds a peer gone can say how it went.
+DEPARTURES_REPORTED = "hora/left/reported"
+
+
+def departure_key(rank: int) -> str:
+    """The store key under which the launcher records how ``rank`` left."""
+    return f"hora/left/{rank}"

@@ -3,10 +3,11 @@
 Holds ``str -> bytes`` pairs in memory. Clients set keys, block until keys exist, and count with
 atomic ``add``. Blocking reads wait on a condition variable that every write notifies.
 
-Threads: ``start`` runs one daemon thread accepting connections and one daemon thread per client
-connection (handshake, then requests in order). All state sits behind one lock; the server is
-thread-safe and ``stop`` may be called from any thread. A client that fails the handshake or
-sends a malformed frame is logged and dropped; the server keeps serving the others.
+Threads: ``start`` runs a :class:`~hora.transport.listener.Listener`: one daemon thread accepting
+connections and one daemon thread per client connection (handshake under the listener's
+deadline, then requests in order). All state sits behind one lock; the server is thread-safe and
+``stop`` may be called from any thread. A client that fails the handshake or sends a malformed
+frame is logged (rate-limited) and dropped; the server keeps serving the others.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 import socket
 import threading
 
-from hora.errors import AuthenticationError
+from hora.ratelog import RateLimitedLog
 from hora.rendezvous.protocol import (
     ADD,
     CHECK,
@@ -34,7 +35,7 @@ from hora.rendezvous.protocol import (
     recv_frame,
     send_frame,
 )
-from hora.transport.endpoint import accept_loop
+from hora.transport.listener import HANDSHAKE_DEADLINE_S, MAX_PENDING, Listener, peer_name
 from hora.transport.tcp.auth import accept_handshake
 from hora.transport.tcp.wire import configure, hard_close
 
@@ -49,7 +50,14 @@ def _check_context(context: bytes) -> None:
 class RendezvousServer:
     """An authenticated key-value store on ``host:port`` (port 0: pick a free one)."""
 
-    def __init__(self, secret: bytes, host: str = "0.0.0.0", port: int = 0) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        handshake_timeout: float = HANDSHAKE_DEADLINE_S,
+        max_pending: int = MAX_PENDING,
+    ) -> None:
         if not secret:
             raise ValueError("the rendezvous secret must be a non-empty bytes value")
         self._secret = bytes(secret)
@@ -59,22 +67,50 @@ class RendezvousServer:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._clients: set[socket.socket] = set()
-        self._listener: socket.socket | None = None
+        self._listener: Listener | None = None
+        self._handshake_timeout = handshake_timeout
+        self._max_pending = max_pending
         self._stopped = False
+        self._bad = RateLimitedLog(log, "dropped store connections")
 
     @property
     def port(self) -> int:
         return self._port
 
+    @property
+    def host(self) -> str:
+        """The address the store listens on."""
+        return self._host
+
+    @property
+    def listener(self) -> Listener | None:
+        return self._listener
+
     def start(self) -> int:
         """Listen and serve on daemon threads; return the bound port."""
         if self._listener is not None:
             return self._port
-        self._listener = socket.create_server((self._host, self._port), backlog=256)
-        self._port = int(self._listener.getsockname()[1])
-        threading.Thread(target=self._accept_loop, name="hora-store-accept", daemon=True).start()
+        sock = socket.create_server((self._host, self._port), backlog=256)
+        self._port = int(sock.getsockname()[1])
+        self._listener = Listener(
+            sock,
+            self._handshake,
+            self._serve,
+            "rendezvous store",
+            log,
+            deadline=self._handshake_timeout,
+            max_pending=self._max_pending,
+            rejection="rendezvous store: rejected a connection from %s: %s",
+        )
+        self._listener.start("hora-store-accept")
         log.debug("rendezvous store listening on %s:%d", self._host, self._port)
         return self._port
+
+    def put(self, key: str, value: bytes) -> None:
+        """Set ``key`` from the process that runs the store (no connection); thread-safe."""
+        with self._changed:
+            self._data[key] = value
+            self._changed.notify_all()
 
     def stop(self) -> None:
         """Stop serving: close the listener and every client connection. Idempotent."""
@@ -85,9 +121,10 @@ class RendezvousServer:
             socks = list(self._clients)
             self._changed.notify_all()
         if self._listener is not None:
-            socks.append(self._listener)
+            self._listener.close()
         for sock in socks:
             hard_close(sock)
+        self._bad.flush(final=True)
 
     def __enter__(self) -> RendezvousServer:
         self.start()
@@ -96,22 +133,19 @@ class RendezvousServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        accept_loop(
-            self._listener,
-            self._lock,
-            lambda: self._stopped,
-            self._clients,
-            self._serve,
-            "rendezvous store",
-        )
+    def _handshake(self, conn: socket.socket, addr: tuple[str, int]) -> None:
+        accept_handshake(conn, self._secret, _check_context, self._handshake_timeout)
+        configure(conn)
 
-    def _serve(self, conn: socket.socket, addr: tuple[str, int]) -> None:
-        peer = f"{addr[0]}:{addr[1]}"
+    def _serve(self, conn: socket.socket, addr: tuple[str, int], _: None) -> None:
+        """Answer an admitted client's requests in order until it leaves (its own thread)."""
+        with self._lock:
+            if self._stopped:
+                hard_close(conn)
+                return
+            self._clients.add(conn)
+        peer = peer_name(addr)
         try:
-            accept_handshake(conn, self._secret, _check_context)
-            configure(conn)
             while not self._stopped:
                 try:
                     body = recv_frame(conn)
@@ -120,15 +154,12 @@ class RendezvousServer:
                 try:
                     reply = self._execute(decode_request(body))
                 except ValueError as e:
-                    log.warning("rendezvous store: bad request from %s: %s", peer, e)
+                    self._bad.warning("rendezvous store: bad request from %s: %s", peer, e)
                     reply = encode_reply(ERROR, 0, str(e).encode())
                 send_frame(conn, reply)
-        except AuthenticationError as e:
-            if not self._stopped:
-                log.warning("rendezvous store: rejected a connection from %s: %s", peer, e)
         except (OSError, ValueError) as e:
             if not self._stopped:
-                log.warning("rendezvous store: dropped the connection from %s: %s", peer, e)
+                self._bad.warning("rendezvous store: dropped the connection from %s: %s", peer, e)
         finally:
             with self._lock:
                 self._clients.discard(conn)

@@ -147,7 +147,8 @@ def host_transport(
     shm = None
     if not shm_disable and shm_available():
         try:
-            shm = ShmTransport(tcp.rank, tcp.size, secret, prefix, connect_timeout=timeout)
+            shm = ShmTransport(tcp.rank, tcp.size, secret, prefix, connect_timeout=timeout,
+                               handshake_timeout=tcp.handshake_timeout)
         except (TransportError, OSError) as e:
             log.warning("rank %d: shared memory unavailable, using TCP only: %s", tcp.rank, e)
     elif not shm_disable:

@@ -1,12 +1,12 @@
 """What the TCP and shared-memory transports share: a listener and a table of lazy pairs.
 
-An :class:`Endpoint` listens on one socket. Its accept thread hands every connection to a
-short-lived daemon thread that runs hora's mutual HMAC handshake
-(:mod:`hora.transport.tcp.auth`) and the transport's own set-up, so a slow or hostile client
-never holds up the others and the connecting rank never waits for the accepting rank to ask for
-the pair. The handshake's context names the connecting rank, the accepting rank, a *kind* (the
-TCP channel, or the shared-memory direction) and the job's store prefix; only the higher rank
-connects to the lower one.
+An :class:`Endpoint` listens on one socket through a :class:`~hora.transport.listener.Listener`,
+whose admission threads run hora's mutual HMAC handshake (:mod:`hora.transport.tcp.auth`) and
+the transport's own set-up under one deadline, so a slow or hostile client never holds up the
+others and the connecting rank never waits for the accepting rank to ask for the pair. The
+handshake's context names the connecting rank, the accepting rank, a *kind* (the TCP channel, or
+the shared-memory direction) and the job's store prefix; only the higher rank connects to the
+lower one.
 
 ``_lazy`` is the body of every transport's ``pair``: one connection attempt per key at a time,
 the finished pair kept, and a close during the attempt honoured. ``close`` is idempotent and
@@ -19,45 +19,17 @@ import logging
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from hora.errors import AuthenticationError, TransportError
+from hora.errors import TransportError
+from hora.transport.listener import HANDSHAKE_DEADLINE_S, Listener
 from hora.transport.tcp.auth import accept_handshake
 from hora.transport.tcp.wire import hard_close
 
 log = logging.getLogger(__name__)
 
 _CONTEXT = struct.Struct("!iiB")  # connecting rank, accepting rank, kind; then the prefix
-
-
-def accept_loop(
-    listener: socket.socket,
-    lock: Any,
-    stopped: Callable[[], bool],
-    tracked: set[socket.socket],
-    handle: Callable[[socket.socket, Any], None],
-    what: str,
-) -> None:
-    """Accept connections on ``listener`` until ``stopped()``: each is added to ``tracked``
-    under ``lock`` (so a close can reach it) and handed to ``handle(conn, address)`` on a daemon
-    thread of its own. Runs on the listener's thread."""
-    while True:
-        try:
-            conn, addr = listener.accept()
-        except OSError as e:
-            if stopped():
-                return
-            log.warning("%s: accept failed: %s", what, e)
-            time.sleep(0.1)
-            continue
-        with lock:
-            if stopped():
-                conn.close()
-                return
-            tracked.add(conn)
-        threading.Thread(target=handle, args=(conn, addr), name="hora-admit", daemon=True).start()
 
 
 class Endpoint:
@@ -68,7 +40,15 @@ class Endpoint:
     KINDS: tuple[int, ...] = ()  # the kinds a connection may announce
     WHAT = ""  # the transport in log and error messages ("TCP", "shared-memory")
 
-    def __init__(self, rank: int, size: int, secret: bytes, prefix: str, timeout: float) -> None:
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        secret: bytes,
+        prefix: str,
+        timeout: float,
+        handshake_timeout: float = HANDSHAKE_DEADLINE_S,
+    ) -> None:
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} is outside [0, size={size})")
         if not secret:
@@ -81,15 +61,32 @@ class Endpoint:
         self._lock = threading.Condition()
         self._pairs: dict[Any, Any] = {}
         self._arrived: dict[tuple[int, int], Any] = {}  # (peer, kind) -> what _adopt made
-        self._handshaking: set[socket.socket] = set()
         self._connecting: dict[Any, threading.Lock] = {}
         self._closed = False
-        self._listener: socket.socket | None = None
+        self._handshake_timeout = handshake_timeout
+        self._listener: Listener | None = None
         self._log = logging.getLogger(type(self).__module__)  # the concrete transport's logger
 
-    def _listen(self, listener: socket.socket, thread_name: str) -> None:
-        self._listener = listener
-        threading.Thread(target=self._accept_loop, name=thread_name, daemon=True).start()
+    def _listen(self, sock: socket.socket, thread_name: str) -> None:
+        self._listener = Listener(
+            sock,
+            self._handshake,
+            self._arrive,
+            f"rank {self.rank}: {self.WHAT} listener",
+            self._log,
+            deadline=self._handshake_timeout,
+            rejection=f"rank {self.rank}: dropped a {self.WHAT} connection from %s: %s",
+        )
+        self._listener.start(thread_name)
+
+    @property
+    def handshake_timeout(self) -> float:
+        """Seconds an incoming connection has for its whole handshake."""
+        return self._handshake_timeout
+
+    @property
+    def listener(self) -> Listener | None:
+        return self._listener
 
     def _context(self, src: int, dst: int, kind: int) -> bytes:
         return self.TAG + _CONTEXT.pack(src, dst, kind) + self._prefix.encode()
@@ -140,18 +137,7 @@ class Endpoint:
             self._check_open()
             return [self._arrived.pop(k) for k in keys] if ready else None
 
-    # -- the listener -----------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        accept_loop(
-            self._listener,
-            self._lock,
-            lambda: self._closed,
-            self._handshaking,
-            self._admit,
-            f"{self.WHAT} transport of rank {self.rank}",
-        )
-
+    # -- admission (on the listener's threads) ---------------------------------------------
     def _parse_context(self, context: bytes) -> tuple[int, int]:
         head = len(self.TAG) + _CONTEXT.size
         if not context.startswith(self.TAG) or len(context) < head:
@@ -170,22 +156,17 @@ class Endpoint:
     def _socket_of(self, adopted: Any) -> socket.socket:
         return adopted  # type: ignore[no-any-return]
 
-    def _admit(self, conn: socket.socket, addr: Any) -> None:
-        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "this host"
-        try:
-            key = accept_handshake(conn, self._secret, self._parse_context)
-            adopted = self._adopt(conn, key[1])
-        except (AuthenticationError, OSError, EOFError) as e:
-            if not self._closed:
-                self._log.warning(
-                    "rank %d: dropped a %s connection from %s: %s", self.rank, self.WHAT, where, e
-                )
-            with self._lock:
-                self._handshaking.discard(conn)
-            conn.close()
-            return
+    def _handshake(self, conn: socket.socket, addr: Any) -> tuple[tuple[int, int], Any]:
+        """Authenticate ``conn`` and set it up: its ``(peer, kind)`` and what it became."""
+        key = accept_handshake(conn, self._secret, self._parse_context, self._handshake_timeout)
+        return key, self._adopt(conn, key[1])
+
+    def _arrive(
+        self, conn: socket.socket, addr: Any, admitted: tuple[tuple[int, int], Any]
+    ) -> None:
+        """Keep an admitted connection until its pair takes it (a duplicate is dropped)."""
+        key, adopted = admitted
         with self._lock:
-            self._handshaking.discard(conn)
             duplicate = key in self._arrived or self._pair_key(key) in self._pairs
             if not self._closed and not duplicate:
                 self._arrived[key] = adopted
@@ -195,7 +176,7 @@ class Endpoint:
             self._log.warning(
                 "rank %d: dropped a second connection from rank %d", self.rank, key[0]
             )
-        conn.close()
+        hard_close(self._socket_of(adopted))
 
     def close(self) -> None:
         """Close every pair, pending connection and the listener. Idempotent, any thread."""
@@ -205,11 +186,10 @@ class Endpoint:
             self._closed = True
             pairs = list(self._pairs.values())
             socks = [self._socket_of(a) for a in self._arrived.values()]
-            socks += list(self._handshaking)
             self._arrived.clear()
             self._lock.notify_all()
         if self._listener is not None:
-            socks.insert(0, self._listener)
+            self._listener.close()
         for sock in socks:
             hard_close(sock)
         for pair in pairs:

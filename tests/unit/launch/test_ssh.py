@@ -79,3 +79,18 @@ def test_mpirun_command_forwards_names_not_values() -> None:
     argv = mpirun.command(bound, slots, env, SshOptions(port=22), [], mpirun="mpirun")
     assert argv[7:11] == ["--bind-to", "core", "--map-by", "socket"]
     assert "-bind-to" not in argv and "slot" not in argv
+
+
+def test_store_listens_on_loopback_locally_and_on_the_job_address_across_hosts() -> None:
+    from hora.launch.preflight import Preflight
+
+    local = Preflight({"localhost": "127.0.0.1"}, ["lo"], "")
+    assert local.store_bind_address() == "127.0.0.1"
+    assert local.store_bind_address(listen_any=True) == "0.0.0.0"
+    assert local.store_bind_address(open_ended=True) == "0.0.0.0"  # elastic: hosts join later
+    multi = Preflight({"localhost": "127.0.0.1", "b": "10.1.0.1", "c": "10.1.0.1"}, ["eth0"], "")
+    assert multi.store_bind_address() == "10.1.0.1"
+    # the ranks on the launcher's host reach the store at that address too
+    assert multi.launcher_address == {"localhost": "10.1.0.1", "b": "10.1.0.1", "c": "10.1.0.1"}
+    split = Preflight({"b": "10.1.0.1", "c": "10.2.0.1"}, [], "")
+    assert split.store_bind_address() == "0.0.0.0"  # no one address serves both: said in a warning

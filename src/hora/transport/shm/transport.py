@@ -28,6 +28,7 @@ import time
 from hora.errors import AuthenticationError, TransportError
 from hora.transport.base import DATA
 from hora.transport.endpoint import Endpoint
+from hora.transport.listener import HANDSHAKE_DEADLINE_S
 from hora.transport.shm import cma
 from hora.transport.shm.pair import Link, ShmPair
 from hora.transport.shm.staging import Staging
@@ -69,8 +70,9 @@ class ShmTransport(Endpoint):
         prefix: str,
         connect_timeout: float = 30.0,
         single_copy: bool = True,
+        handshake_timeout: float = HANDSHAKE_DEADLINE_S,
     ) -> None:
-        super().__init__(rank, size, secret, prefix, connect_timeout)
+        super().__init__(rank, size, secret, prefix, connect_timeout, handshake_timeout)
         if not available():
             raise RuntimeError("the shared-memory transport needs Linux (memfd, abstract sockets)")
         self._single_copy = single_copy and cma.supported()

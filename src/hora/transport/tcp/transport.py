@@ -1,6 +1,8 @@
 """TcpTransport: all the TCP connections of one rank, made lazily through the rendezvous store.
 
-At construction the transport listens on an ephemeral port and publishes ``"host:port"`` under
+At construction the transport listens on an ephemeral port of the address it publishes (the
+interface ``iface``'s, else the one that routes toward the rendezvous store: loopback for a local
+job; every interface only with ``listen_any``) and publishes ``"host:port"`` under
 ``{prefix}/addr/{rank}``. ``pair(peer, channel)`` connects on first use: the higher rank
 connects to the lower one (reading the address from the store) and the lower one waits for
 that connection to arrive on its listener. Every connection runs the mutual HMAC handshake of
@@ -23,6 +25,7 @@ from typing import Protocol
 from hora.errors import AuthenticationError, HoraError, TransportError
 from hora.transport.base import CONTROL, DATA
 from hora.transport.endpoint import Endpoint
+from hora.transport.listener import HANDSHAKE_DEADLINE_S
 from hora.transport.tcp.auth import connect_handshake
 from hora.transport.tcp.pair import TcpPair
 from hora.transport.tcp.wire import configure
@@ -90,11 +93,13 @@ class TcpTransport(Endpoint):
         prefix: str,
         iface: str = "",
         connect_timeout: float = 30.0,
+        handshake_timeout: float = HANDSHAKE_DEADLINE_S,
+        listen_any: bool = False,
     ) -> None:
-        super().__init__(rank, size, secret, prefix, connect_timeout)
+        super().__init__(rank, size, secret, prefix, connect_timeout, handshake_timeout)
         self._store = store
         host = advertise_address(iface, store.host)
-        listener = socket.create_server((host if iface else "0.0.0.0", 0), backlog=128)
+        listener = socket.create_server(("0.0.0.0" if listen_any else host, 0), backlog=128)
         self._address = (host, int(listener.getsockname()[1]))
         self._listen(listener, f"hora-tcp-accept-{rank}")
         try:
