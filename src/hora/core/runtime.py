@@ -28,9 +28,9 @@ from hora.core.executor import TensorEntry
 from hora.core.handles import Handle, in_flight
 from hora.core.messages import OpType, Request
 from hora.core.process_sets import ProcessSet, global_process_set
-from hora.elastic.rendezvous import is_elastic_worker, join
 from hora.errors import NOT_INITIALIZED_MESSAGE
 from hora.identity import Identity, detect
+from hora.rendezvous.rounds import is_elastic_worker, join
 from hora.settings import Settings, check_paths, env_lookup, load
 
 log = logging.getLogger("hora")
@@ -138,7 +138,21 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         generation: int | str = _generation
         if settings.elastic and is_elastic_worker(os.environ):
             # the launcher assigns the rank; each round has its own connections
-            identity, _elastic_round = join(os.environ, _elastic_round, settings.elastic_timeout)
+            place = join(os.environ, _elastic_round, settings.elastic_timeout)
+            _elastic_round = place.round
+            identity = Identity(
+                rank=place.rank,
+                size=place.size,
+                local_rank=place.local_rank,
+                local_size=place.local_size,
+                cross_rank=place.cross_rank,
+                cross_size=place.cross_size,
+                hostname=place.hostname,
+                rendezvous_addr=place.addr,
+                rendezvous_port=place.port,
+                secret=place.secret,
+                source="hora",
+            )
             generation, mpi_job = f"e{_elastic_round}", None
         else:
             identity, mpi_job = _mpi_world(comm, detect(), settings)

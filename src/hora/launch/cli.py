@@ -436,7 +436,7 @@ def elastic_options(args: argparse.Namespace, config: LaunchConfig) -> Any:
     """The elastic options when any elastic flag was given (else None: a static job)."""
     if args.min_np is None and args.max_np is None and not args.host_discovery_script:
         return None
-    from hora.elastic.driver import ElasticOptions
+    from hora.launch.config import ElasticOptions
 
     timeout = args.elastic_timeout
     return ElasticOptions(
@@ -481,6 +481,8 @@ def command(args: argparse.Namespace) -> int:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             if elastic is not None:
+                # the one place launch/ reaches up: the CLI picks the elastic driver (which is
+                # built on launch/'s processes, hosts and ssh) over a static Job
                 from hora.elastic.driver import ElasticJob
 
                 with ElasticJob(config, elastic) as job:

@@ -9,11 +9,14 @@ prefix, so a round never mixes with the one before. Keys, all under ``elastic/``
   member of round ``r``; ``<r>/formed`` is set once all of round ``r`` is written.
 * ``<r>/ready/<worker>``: a worker asks to be in round ``r`` (after a failure, a change of
   hosts, or when it is new).
+* ``removed/<worker>``: the worker's host left the job (removed by discovery, or blacklisted
+  after a failure there); at its next re-formation it leaves cleanly (:class:`WorkerRemoved`).
 * ``hosts``: ``count,removed_only``: how often the hosts changed, and whether the last change
   only removed workers (then nobody needs the state sent again).
 
 A worker is named by ``HORA_ELASTIC_ID`` (``host:index``), which the launcher sets when it starts
-it. Worker side: :func:`join`, from ``hora.init()`` in the training thread.
+it. Worker side: :func:`join`, from ``hora.init()`` in the training thread. This module sits in
+the rendezvous layer: the core (worker side) and the elastic driver (launcher side) both use it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hora.errors import HoraInternalError, RendezvousError
@@ -34,6 +38,10 @@ ROUND = "elastic/round"
 HOSTS = "elastic/hosts"
 
 
+class WorkerRemoved(HoraInternalError):
+    """This worker's host left the elastic job; the worker should exit (with 0)."""
+
+
 def assign_key(r: int, worker: str) -> str:
     return f"elastic/{r}/assign/{worker}"
 
@@ -44,6 +52,10 @@ def ready_key(r: int, worker: str) -> str:
 
 def formed_key(r: int) -> str:
     return f"elastic/{r}/formed"
+
+
+def removed_key(worker: str) -> str:
+    return f"elastic/removed/{worker}"
 
 
 def encode_assignment(slot: Any) -> bytes:
@@ -71,11 +83,29 @@ def is_elastic_worker(env: Mapping[str, str]) -> bool:
     return bool(env_lookup(env, "ELASTIC_ID"))
 
 
-def join(env: Mapping[str, str], last_round: int, timeout: float) -> tuple[Identity, int]:
-    """This worker's identity in the newest round it belongs to that is after ``last_round``
+@dataclass(frozen=True)
+class Assignment:
+    """One worker's place in one round, with the store it reached it through."""
+
+    round: int
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostname: str
+    addr: str
+    port: int
+    secret: bytes
+
+
+def join(env: Mapping[str, str], last_round: int, timeout: float) -> Assignment:
+    """This worker's place in the newest round it belongs to that is after ``last_round``
     (-1: none yet), asking the launcher for a place in the next round when it has none.
 
-    Waits up to ``timeout`` seconds (``HOROVOD_ELASTIC_TIMEOUT``) for the launcher to form it.
+    Waits up to ``timeout`` seconds (``HOROVOD_ELASTIC_TIMEOUT``) for the launcher to form it;
+    raises :class:`WorkerRemoved` when the launcher took this worker's host out of the job.
     """
     from hora.rendezvous.client import StoreClient
 
@@ -89,15 +119,23 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> tuple[Ident
             "missing; start elastic jobs with `hora run --min-np/--max-np ...`"
         )
     deadline = time.monotonic() + timeout
+    removed = WorkerRemoved(f"worker {worker} has been removed from elastic job")
     with StoreClient(addr, int(port), bytes.fromhex(secret), timeout=timeout) as store:
         target = last_round + 1
+        if store.check([removed_key(worker)]):
+            raise removed
         if target > 0:
             store.set(ready_key(target, worker), b"1")
         while True:
             left = deadline - time.monotonic()
             try:
-                store.wait([formed_key(target)], timeout=max(left, 0.1))
+                # short waits: a worker removed while it waits must learn of it
+                store.wait([formed_key(target)], timeout=max(min(left, 1.0), 0.1))
             except RendezvousError:
+                if store.check([removed_key(worker)]):
+                    raise removed from None
+                if time.monotonic() < deadline:
+                    continue
                 raise HoraInternalError(
                     f"elastic worker {worker}: the launcher formed no new round within "
                     f"{timeout:g}s (HOROVOD_ELASTIC_TIMEOUT)"
@@ -107,36 +145,21 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> tuple[Ident
             if store.check([key]):
                 fields = store.get(key).decode().split(",")
                 break
+            if store.check([removed_key(worker)]):
+                raise removed
             target = newest + 1  # formed without this worker: ask for the next one
             store.set(ready_key(target, worker), b"1")
     rank, size, local_rank, local_size, cross_rank, cross_size = (int(f) for f in fields[:6])
-    ident = Identity(
-        rank=rank,
-        size=size,
-        local_rank=local_rank,
-        local_size=local_size,
-        cross_rank=cross_rank,
-        cross_size=cross_size,
-        hostname=fields[6],
-        rendezvous_addr=addr,
-        rendezvous_port=int(port),
-        secret=bytes.fromhex(secret),
-        source="hora",
-    )
-    _export(ident)
+    _export(rank, size, local_rank, local_size, cross_rank, cross_size)
     log.info("elastic worker %s: round %d, rank %d of %d", worker, newest, rank, size)
-    return ident, newest
+    return Assignment(
+        newest, rank, size, local_rank, local_size, cross_rank, cross_size, fields[6],
+        addr, int(port), bytes.fromhex(secret),
+    )  # fmt: skip
 
 
-def _export(ident: Identity) -> None:
+def _export(*values: int) -> None:
     """Rewrite the identity variables, as Horovod does after every reset."""
-    values = {
-        "RANK": ident.rank,
-        "SIZE": ident.size,
-        "LOCAL_RANK": ident.local_rank,
-        "LOCAL_SIZE": ident.local_size,
-        "CROSS_RANK": ident.cross_rank,
-        "CROSS_SIZE": ident.cross_size,
-    }
-    for key, value in values.items():
+    names = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
+    for key, value in zip(names, values):
         os.environ["HORA_" + key] = os.environ["HOROVOD_" + key] = str(value)
