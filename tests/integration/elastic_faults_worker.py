@@ -8,8 +8,10 @@ one fault once, in one phase, in one worker (``victim``). argv[1] is a JSON obje
   after a reset), ``reform`` (inside the re-formation, after the worker got its new rank and
   before its connections exist). ``sync`` and ``reform`` first add ``127.0.0.1:2`` at step 2 so
   that a reset happens; the victim is then one of the new workers.
-* ``fault``: ``exception``, ``sigkill``, ``sigterm``, or ``hosts`` (write ``hosts_after`` to
-  the discovery script's file: a host added or removed).
+* ``fault``: ``exception``, ``sigkill``, ``sigterm``, ``hosts`` (write ``hosts_after`` to
+  the discovery script's file: a host added or removed), or ``none``. ``victim`` ``*``: every
+  worker faults.
+* ``schedule`` (optional): ``{step: hosts}``, written to the discovery file at those steps.
 * ``steps``; ``dir``: where the markers go (``fired`` once the fault fired, ``t_fault``).
 
 At the end each worker prints ``DONE {json}``: its step, the committed-sample counter, the
@@ -47,7 +49,9 @@ def _once(name: str) -> bool:
 
 
 def maybe_fault(phase: str) -> None:
-    if phase != PHASE or ME != VICTIM or not _once("fired"):
+    if phase != PHASE or FAULT == "none":
+        return
+    if VICTIM != "*" and (ME != VICTIM or not _once("fired")):
         return
     with open(os.path.join(DIR, "t_fault"), "w") as f:
         f.write(repr(time.time()))
@@ -63,7 +67,12 @@ def maybe_fault(phase: str) -> None:
 
 
 def maybe_add_host(step: int) -> None:
-    """The sync and reform phases need a reset with new workers: add 127.0.0.1:2."""
+    """The sync and reform phases need a reset with new workers: add 127.0.0.1:2. A
+    ``schedule`` ({step: hosts}) changes the hosts at those steps (rank 0, once each)."""
+    hosts = CFG.get("schedule", {}).get(str(step))
+    if hosts is not None and hvd.rank() == 0 and _once(f"schedule.{step}"):
+        with open(CFG["hosts_file"], "w") as f:
+            f.write(hosts)
     if PHASE in ("sync", "reform") and step == 2 and ME == "localhost:0" and _once("added"):
         with open(CFG["hosts_file"], "w") as f:
             f.write("localhost:2\n127.0.0.1:2\n")
@@ -84,7 +93,8 @@ if PHASE == "reform":  # fault inside the re-formation: after the rank, before t
 def _hosts_pending() -> bool:
     """Rank 0: a host change was written that the job has not taken in yet (hold the training
     until it has, so that a short job cannot end before discovery notices)."""
-    if FAULT != "hosts" and os.path.exists(os.path.join(DIR, "fired")):
+    fired = os.path.exists(os.path.join(DIR, "fired"))
+    if FAULT not in ("hosts", "none") and fired and not CFG.get("schedule"):
         return False
     with open(CFG["hosts_file"]) as f:
         slots = sum(int(line.rsplit(":", 1)[1]) for line in f.read().split())

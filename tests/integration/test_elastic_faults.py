@@ -96,19 +96,18 @@ def _left_behind(marker: str) -> list[int]:
     return found
 
 
-def _run_case(tmp_path: Path, phase: str, fault: str, extra: list[str] | None = None):
-    case = _case(phase, fault)
+def _launch(tmp_path: Path, hosts_text: str, cfg: dict, flags: list[str]):
+    """``hora run`` of the worker with a discovery script reading ``tmp_path/hosts`` (or fixed
+    hosts when ``flags`` hold -H): (exit code, output, DONE reports by worker id, seconds)."""
     hosts = tmp_path / "hosts"
-    hosts.write_text(case["hosts"])
+    hosts.write_text(hosts_text)
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
-    cfg = {"phase": phase, "fault": case["fault"], "victim": case["victim"], "steps": STEPS,
-           "dir": str(tmp_path), "hosts_file": str(hosts), "hosts_after": case["after"],
-           "max_np": 5 if case["size"] == 5 else 4}  # fmt: skip
-    max_np = str(cfg["max_np"])
-    argv = [*HORA, "run", "-np", "2", "--min-np", "2", "--max-np", max_np,
-            "--host-discovery-script", str(discover), "--elastic-timeout", "40", *(extra or []),
+    cfg = {"phase": "none", "fault": "none", "victim": "", "steps": STEPS, "max_np": 4,
+           "dir": str(tmp_path), "hosts_file": str(hosts), "hosts_after": "", **cfg}  # fmt: skip
+    where = [] if "-H" in flags else ["--host-discovery-script", str(discover)]
+    argv = [*HORA, "run", *where, "--elastic-timeout", "40", *flags,
             sys.executable, str(HERE / "elastic_faults_worker.py"), json.dumps(cfg)]  # fmt: skip
     env = dict(os.environ, HOROVOD_GLOO_TIMEOUT_SECONDS="10")
     start = time.monotonic()
@@ -120,7 +119,17 @@ def _run_case(tmp_path: Path, phase: str, fault: str, extra: list[str] | None = 
         if "DONE " in line:
             report = json.loads(line.split("DONE ", 1)[1])
             done[report["id"]] = report
-    return case, proc.returncode, out, done, took
+    assert not _left_behind(str(tmp_path)), out[-6000:]  # no process of the job left
+    return proc.returncode, out, done, took
+
+
+def _run_case(tmp_path: Path, phase: str, fault: str):
+    case = _case(phase, fault)
+    max_np = 5 if case["size"] == 5 else 4
+    cfg = {"phase": phase, "fault": case["fault"], "victim": case["victim"],
+           "hosts_after": case["after"], "max_np": max_np}  # fmt: skip
+    flags = ["-np", "2", "--min-np", "2", "--max-np", str(max_np)]
+    return (case, *_launch(tmp_path, case["hosts"], cfg, flags))
 
 
 def _check_training(case: dict, done: dict, out: str) -> None:
@@ -166,4 +175,89 @@ def test_a_fault_in_each_phase(tmp_path, phase: str, fault: str) -> None:
     # Horovod's reset count: the oldest survivors went through every re-formation
     assert max(r["resets"] for r in done.values()) == case["resets"], out[-6000:]
     assert out.count(" formed with ") == case["resets"], out[-6000:]
-    assert not _left_behind(str(tmp_path)), out[-6000:]
+
+
+# -- Horovod's documented scenarios (test/integration/elastic_common.py of Horovod 0.28.1) ---
+
+
+def _sizes(done: dict) -> set[int]:
+    return {r["size"] for r in done.values()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("max_np", [4, 3])
+def test_an_elastic_job_starts_every_discovered_slot_up_to_max_np(tmp_path, max_np) -> None:
+    code, out, done, _ = _launch(
+        tmp_path, BOTH, {"max_np": max_np}, ["-np", "2", "--min-np", "2", "--max-np", str(max_np)]
+    )
+    assert code == 0, out[-6000:]
+    assert len(done) == max_np and _sizes(done) == {max_np}, out[-6000:]
+    assert out.count("elastic: started worker") == max_np, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["exception", "sigkill"])
+def test_a_failure_on_fixed_hosts_blacklists_the_host(tmp_path, mode) -> None:
+    """-H localhost:2,127.0.0.1:2 -np 2: four workers start; rank 0 fails in step 4; the host
+    localhost is blacklisted (both its workers leave) and 127.0.0.1's two finish, one reset."""
+    cfg = {"phase": "step", "fault": mode, "victim": "localhost:0"}
+    flags = ["-np", "2", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2"]
+    code, out, done, _ = _launch(tmp_path, BOTH, cfg, flags)
+    assert code == 0, out[-6000:]
+    assert set(done) == {"127.0.0.1:0", "127.0.0.1:1"}, out[-6000:]
+    assert _sizes(done) == {2} and {r["resets"] for r in done.values()} == {1}, out[-6000:]
+    assert "host localhost is blacklisted; its 1 other workers leave the job" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_every_worker_failing_ends_the_job_saying_why(tmp_path) -> None:
+    cfg = {"phase": "step", "fault": "exception", "victim": "*"}
+    code, out, done, _ = _launch(tmp_path, BOTH, cfg, ["-np", "2", "--min-np", "2"])
+    assert code != 0, out[-6000:]
+    assert not done, out[-6000:]
+    assert "exited with non-zero status" in out, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_every_host_blacklisted_ends_the_job_saying_why(tmp_path) -> None:
+    """One failure on each host (Horovod's test_all_hosts_blacklisted): the job ends."""
+    cfg = {"phase": "step", "fault": "sigkill", "victim": "*"}
+    flags = ["-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1"]
+    code, out, done, _ = _launch(tmp_path, "localhost:1\n127.0.0.1:1\n", cfg, flags)
+    assert code != 0, out[-6000:]
+    assert not done, out[-6000:]
+    assert "exited with non-zero status" in out or "every host is blacklisted" in out, out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("limit", [1, 2])
+def test_reset_limit_counts_resets_as_horovod(tmp_path, limit) -> None:
+    """Horovod's test_reset_limit: localhost:2, then 127.0.0.1:2 added at step 1, then
+    localhost removed at step 3 - two resets: --reset-limit 1 ends the job, 2 lets it finish."""
+    schedule = {"1": BOTH, "3": "127.0.0.1:2\n"}
+    cfg = {"schedule": schedule}
+    flags = ["-np", "2", "--min-np", "2", "--max-np", "4", "--reset-limit", str(limit)]
+    code, out, done, _ = _launch(tmp_path, LOCAL, cfg, flags)
+    message = "number of resets during elastic job exceeded limit: 1"
+    if limit == 1:
+        assert code != 0 and message in out, out[-6000:]
+        return
+    assert code == 0, out[-6000:]
+    assert set(done) == {"127.0.0.1:0", "127.0.0.1:1"}, out[-6000:]
+    # the new workers joined in the first reset and lived through the second
+    assert {r["resets"] for r in done.values()} == {1} and _sizes(done) == {2}, out[-6000:]
+    assert out.count(" formed with ") == 2, out[-6000:]
+    assert "host localhost is gone; worker 0 leaves at the next commit" in out, out[-6000:]
+
+
+@pytest.mark.timeout(150)
+def test_a_blacklisted_host_comes_back_after_its_cooldown(tmp_path) -> None:
+    cfg = {"phase": "step", "fault": "exception", "victim": "127.0.0.1:0",
+           "schedule": {"5": BOTH}}  # fmt: skip
+    flags = ["-np", "2", "--min-np", "2", "--blacklist-cooldown-range", "1", "1"]
+    code, out, done, _ = _launch(tmp_path, BOTH, cfg, flags)
+    assert code == 0, out[-6000:]
+    assert set(done) == {"localhost:0", "localhost:1", "127.0.0.1:0+1", "127.0.0.1:1+1"}, out
+    assert _sizes(done) == {4}, out[-6000:]
+    assert "host 127.0.0.1 is blacklisted for 1." in out, out[-6000:]
+    assert "host 127.0.0.1 is back after its cooldown" in out, out[-6000:]

@@ -370,7 +370,7 @@ class ElasticJob(Job):
         """Start workers on the free slots of ``hosts`` that are not blacklisted, up to
         ``--max-np``; with the identity they would have if the job re-formed with them."""
         opts, now = self.options, time.monotonic()
-        if any(m.code == 0 for m in self.members):
+        if any(m.code == 0 and not m.leaving for m in self.members):
             return 0  # the job is finishing: no new workers
         active = [m for m in self.members if m.code is None and not m.leaving]
         busy = {m.slot for m in active}
