@@ -96,7 +96,7 @@ def _left_behind(marker: str) -> list[int]:
     return found
 
 
-def _launch(tmp_path: Path, hosts_text: str, cfg: dict, flags: list[str]):
+def _launch(tmp_path: Path, hosts_text: str, cfg: dict, flags: list[str], **env_extra: str):
     """``hora run`` of the worker with a discovery script reading ``tmp_path/hosts`` (or fixed
     hosts when ``flags`` hold -H): (exit code, output, DONE reports by worker id, seconds)."""
     hosts = tmp_path / "hosts"
@@ -107,9 +107,10 @@ def _launch(tmp_path: Path, hosts_text: str, cfg: dict, flags: list[str]):
     cfg = {"phase": "none", "fault": "none", "victim": "", "steps": STEPS, "max_np": 4,
            "dir": str(tmp_path), "hosts_file": str(hosts), "hosts_after": "", **cfg}  # fmt: skip
     where = [] if "-H" in flags else ["--host-discovery-script", str(discover)]
-    argv = [*HORA, "run", *where, "--elastic-timeout", "40", *flags,
+    timeout = [] if "HOROVOD_ELASTIC_TIMEOUT" in env_extra else ["--elastic-timeout", "40"]
+    argv = [*HORA, "run", *where, *timeout, *flags,
             sys.executable, str(HERE / "elastic_faults_worker.py"), json.dumps(cfg)]  # fmt: skip
-    env = dict(os.environ, HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    env = dict(os.environ, HOROVOD_GLOO_TIMEOUT_SECONDS="10", **env_extra)
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=110, env=env)
     took = time.monotonic() - start
@@ -261,3 +262,15 @@ def test_a_blacklisted_host_comes_back_after_its_cooldown(tmp_path) -> None:
     assert _sizes(done) == {4}, out[-6000:]
     assert "host 127.0.0.1 is blacklisted for 1." in out, out[-6000:]
     assert "host 127.0.0.1 is back after its cooldown" in out, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_waiting_for_min_np_ends_after_horovod_elastic_timeout(tmp_path) -> None:
+    """Horovod's test_min_hosts_timeout: --min-np 4 and a failure leave two workers; the job
+    waits HOROVOD_ELASTIC_TIMEOUT seconds for slots, then ends saying so."""
+    cfg = {"phase": "step", "fault": "exception", "victim": "localhost:1"}
+    flags = ["-np", "4", "--min-np", "4"]
+    code, out, done, took = _launch(tmp_path, BOTH, cfg, flags, HOROVOD_ELASTIC_TIMEOUT="3")
+    assert code != 0 and not done, out[-6000:]
+    assert "Timed out waiting for minimum number of slots to become available" in out, out
+    assert "within 3s (--elastic-timeout)" in out, out[-6000:]

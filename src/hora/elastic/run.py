@@ -17,13 +17,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from hora.errors import HoraInternalError, HostsUpdatedInterrupt, RendezvousError
 from hora.rendezvous.rounds import WorkerRemoved
-
-if TYPE_CHECKING:
-    from hora.elastic.state import State
 
 log = logging.getLogger("hora.elastic")
 
@@ -38,7 +35,7 @@ def run(func: F) -> F:
     ``--min-np``/``--max-np``/``--host-discovery-script``) a failed collective is raised."""
 
     @functools.wraps(func)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:  # a hora.elastic.state.State
         skip_sync = False
         while True:
             try:
