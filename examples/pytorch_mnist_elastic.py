@@ -3,8 +3,8 @@
     hora run -np 3 --min-np 2 -H 127.0.0.1:1,localhost:2 python examples/pytorch_mnist_elastic.py
 
 Kill the worker on 127.0.0.1 while it trains: its host is blacklisted, the two on localhost roll
-back to their last commit, re-form as a job of two and finish. Uses the same data (MNIST files, else scikit-learn's digits) and
-network as ``pytorch_mnist.py``.
+back to their last commit, re-form as a job of two and finish. Uses the same data (MNIST
+files, else scikit-learn's digits) and network as ``pytorch_mnist.py``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ one fault once, in one phase, in one worker (``victim``). argv[1] is a JSON obje
 * ``fault``: ``exception``, ``sigkill``, ``sigterm``, ``hosts`` (write ``hosts_after`` to
   the discovery script's file: a host added or removed), or ``none``. ``victim`` ``*``: every
   worker faults.
-* ``schedule`` (optional): ``{step: hosts}``, written to the discovery file at those steps.
+* ``schedule`` (optional): ``{step: hosts}``, written to the discovery file at those steps;
+  ``settle`` (default true): hold the training until the job took in the hosts written;
+  ``late_start``: seconds the workers of 127.0.0.1 wait before ``hvd.init()``; ``linger``:
+  seconds every worker waits after training.
 * ``steps``; ``dir``: where the markers go (``fired`` once the fault fired, ``t_fault``).
 
 At the end each worker prints ``DONE {json}``: its step, the committed-sample counter, the
@@ -93,6 +96,8 @@ if PHASE == "reform":  # fault inside the re-formation: after the rank, before t
 def _hosts_pending() -> bool:
     """Rank 0: a host change was written that the job has not taken in yet (hold the training
     until it has, so that a short job cannot end before discovery notices)."""
+    if not CFG.get("settle", True):
+        return False
     fired = os.path.exists(os.path.join(DIR, "fired"))
     if FAULT not in ("hosts", "none") and fired and not CFG.get("schedule"):
         return False
@@ -117,6 +122,8 @@ class FaultyState(ObjectState):
         super().sync()
 
 
+if ME.startswith("127.0.0.1"):
+    time.sleep(CFG.get("late_start", 0))  # a slow new host
 hvd.init()
 state = FaultyState(
     hvd.broadcast_object, hvd.rank, step=0, samples=0, history=[], params=np.zeros(4)
@@ -155,6 +162,7 @@ def train(state: FaultyState) -> None:
 
 
 train(state)
+time.sleep(CFG.get("linger", 0))  # time for the launcher to start workers that come too late
 report = {
     "id": ME,
     "rank": hvd.rank(),

@@ -274,3 +274,14 @@ def test_waiting_for_min_np_ends_after_horovod_elastic_timeout(tmp_path) -> None
     assert code != 0 and not done, out[-6000:]
     assert "Timed out waiting for minimum number of slots to become available" in out, out
     assert "within 3s (--elastic-timeout)" in out, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_workers_that_arrive_after_the_training_ended_are_stopped(tmp_path) -> None:
+    """Hosts added in the last step: their workers start but the job ends without them
+    (Horovod: a worker's success ends the job), and no process is left."""
+    cfg = {"schedule": {str(STEPS - 1): BOTH}, "settle": False, "late_start": 4, "linger": 2}
+    code, out, done, _ = _launch(tmp_path, LOCAL, cfg, ["-np", "2", "--max-np", "4"])
+    assert code == 0, out[-6000:]
+    assert set(done) == {"localhost:0", "localhost:1"} and _sizes(done) == {2}, out[-6000:]
+    assert "started worker 2 (127.0.0.1:0)" in out, out[-6000:]  # they did start

@@ -243,6 +243,15 @@ class ElasticJob(Job):
             active = [m for m in live if not m.leaving]
             if not live:
                 return self._result()
+            if self._finishing():
+                # a worker of the job finished its training (Horovod: any success stops the
+                # job): workers not yet in it are not taken in any more
+                for m in active:
+                    if m.id not in self._current:
+                        self._leave(m)
+                        m.worker.stop()
+                time.sleep(_POLL)
+                continue
             nxt = self._round + 1
             ready = [m for m in active if self._store.check([rdv.ready_key(nxt, m.id)])]
             if not ready:
@@ -270,6 +279,11 @@ class ElasticJob(Job):
                         f"{opts.min_np}; not ready: {', '.join(missing) or 'none'}"
                     )
             time.sleep(_POLL)
+
+    def _finishing(self) -> bool:
+        return any(
+            m.code == 0 and m.id in self._current and not m.leaving for m in self.members
+        )
 
     def _next_round(self, active: list[_Member]) -> None:
         limit = self.options.reset_limit
@@ -370,7 +384,7 @@ class ElasticJob(Job):
         """Start workers on the free slots of ``hosts`` that are not blacklisted, up to
         ``--max-np``; with the identity they would have if the job re-formed with them."""
         opts, now = self.options, time.monotonic()
-        if any(m.code == 0 and not m.leaving for m in self.members):
+        if self._finishing():
             return 0  # the job is finishing: no new workers
         active = [m for m in self.members if m.code is None and not m.leaving]
         busy = {m.slot for m in active}
