@@ -14,7 +14,8 @@ one fault once, in one phase, in one worker (``victim``). argv[1] is a JSON obje
 * ``schedule`` (optional): ``{step: hosts}``, written to the discovery file at those steps;
   ``settle`` (default true): hold the training until the job took in the hosts written;
   ``late_start``: seconds the workers of 127.0.0.1 wait before ``hvd.init()``; ``linger``:
-  seconds every worker waits after training.
+  seconds every worker waits after training; ``progress``: a file rank 0 appends
+  ``step size`` to at every step.
 * ``steps``; ``dir``: where the markers go (``fired`` once the fault fired, ``t_fault``).
 
 At the end each worker prints ``DONE {json}``: its step, the committed-sample counter, the
@@ -147,6 +148,9 @@ def train(state: FaultyState) -> None:
             out = hvd.synchronize(handle)
         else:
             out = hvd.allreduce(grad, op=hvd.Sum, name="grad")
+        if hvd.rank() == 0 and CFG.get("progress"):
+            with open(CFG["progress"], "a") as f:
+                f.write(f"{state.step} {hvd.size()}\n")
         if len(resumed) < len(resets):
             resumed.append(time.time())
         size = int(out[1])

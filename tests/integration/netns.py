@@ -148,6 +148,14 @@ class Cluster:
         done = _ip("netns", "pids", self.namespaces[name], check=False)
         return [int(p) for p in done.stdout.split()]
 
+    def take_down(self, name: str) -> None:
+        """The host ``name`` goes away: every process in its namespace (sshd, sessions,
+        workers) is killed and its link goes down."""
+        for pid in self.processes(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _ip("-n", self.namespaces[name], "link", "set", "eth0", "down", check=False)
+
     def _teardown(self) -> None:
         for name in self.names:
             for pid in self.processes(name):

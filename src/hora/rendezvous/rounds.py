@@ -34,6 +34,7 @@ from hora.settings import env_lookup
 
 log = logging.getLogger("hora.elastic")
 
+_SLACK = 10.0  # seconds a worker waits for a round beyond the launcher's --elastic-timeout
 ROUND = "elastic/round"
 HOSTS = "elastic/hosts"
 
@@ -104,7 +105,8 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> Assignment:
     """This worker's place in the newest round it belongs to that is after ``last_round``
     (-1: none yet), asking the launcher for a place in the next round when it has none.
 
-    Waits up to ``timeout`` seconds (``HOROVOD_ELASTIC_TIMEOUT``) for the launcher to form it;
+    Waits up to ``timeout`` seconds (``HOROVOD_ELASTIC_TIMEOUT``) for the launcher to form it,
+    and a little longer so that the launcher, which gives up first, says why;
     raises :class:`WorkerRemoved` when the launcher took this worker's host out of the job.
     """
     from hora.rendezvous.client import StoreClient
@@ -118,7 +120,8 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> Assignment:
             f"elastic worker {worker}: the launcher's store address or secret is "
             "missing; start elastic jobs with `hora run --min-np/--max-np ...`"
         )
-    deadline = time.monotonic() + timeout
+    # a little longer than the launcher, which gives up first and says why
+    deadline = time.monotonic() + timeout + _SLACK
     removed = WorkerRemoved(f"worker {worker} has been removed from elastic job")
     with StoreClient(addr, int(port), bytes.fromhex(secret), timeout=timeout) as store:
         target = last_round + 1
