@@ -57,7 +57,16 @@ class Runtime:
         self.engine = Engine(identity.rank, identity.size, settings, transport, backend,
                              self.timeline)
         self.engine.register_global_set()
-        self.engine.start()
+        try:
+            self.engine.start()
+        except BaseException:
+            # a peer was lost while connecting: close this rank's connections, or the peers
+            # already connected to it would wait on it for ever (an elastic job re-forms)
+            if transport is not None:
+                transport.close()
+            if self.store is not None:
+                self.store.close()
+            raise
         self.sets: dict[int, ProcessSet] = {0: global_process_set}
         self.dynamic_counter = 0
         self.auto_names: dict[int, int] = {}  # set id -> unnamed ops so far (every kind)
