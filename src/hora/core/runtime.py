@@ -147,21 +147,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         generation: int | str = _generation
         if settings.elastic and is_elastic_worker(os.environ):
             # the launcher assigns the rank; each round has its own connections
-            place = join(os.environ, _elastic_round, settings.elastic_timeout)
-            _elastic_round = place.round
-            identity = Identity(
-                rank=place.rank,
-                size=place.size,
-                local_rank=place.local_rank,
-                local_size=place.local_size,
-                cross_rank=place.cross_rank,
-                cross_size=place.cross_size,
-                hostname=place.hostname,
-                rendezvous_addr=place.addr,
-                rendezvous_port=place.port,
-                secret=place.secret,
-                source="hora",
-            )
+            identity, _elastic_round = join(os.environ, _elastic_round, settings.elastic_timeout)
             generation, mpi_job = f"e{_elastic_round}", None
         else:
             identity, mpi_job = _mpi_world(comm, detect(), settings)

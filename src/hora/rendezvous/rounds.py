@@ -25,7 +25,6 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from hora.errors import HoraInternalError, RendezvousError
@@ -84,25 +83,8 @@ def is_elastic_worker(env: Mapping[str, str]) -> bool:
     return bool(env_lookup(env, "ELASTIC_ID"))
 
 
-@dataclass(frozen=True)
-class Assignment:
-    """One worker's place in one round, with the store it reached it through."""
-
-    round: int
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    hostname: str
-    addr: str
-    port: int
-    secret: bytes
-
-
-def join(env: Mapping[str, str], last_round: int, timeout: float) -> Assignment:
-    """This worker's place in the newest round it belongs to that is after ``last_round``
+def join(env: Mapping[str, str], last_round: int, timeout: float) -> tuple[Identity, int]:
+    """This worker's identity in the newest round it belongs to that is after ``last_round``
     (-1: none yet), asking the launcher for a place in the next round when it has none.
 
     Waits up to ``timeout`` seconds (``HOROVOD_ELASTIC_TIMEOUT``) for the launcher to form it,
@@ -155,10 +137,20 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> Assignment:
     rank, size, local_rank, local_size, cross_rank, cross_size = (int(f) for f in fields[:6])
     _export(rank, size, local_rank, local_size, cross_rank, cross_size)
     log.info("elastic worker %s: round %d, rank %d of %d", worker, newest, rank, size)
-    return Assignment(
-        newest, rank, size, local_rank, local_size, cross_rank, cross_size, fields[6],
-        addr, int(port), bytes.fromhex(secret),
-    )  # fmt: skip
+    ident = Identity(
+        rank=rank,
+        size=size,
+        local_rank=local_rank,
+        local_size=local_size,
+        cross_rank=cross_rank,
+        cross_size=cross_size,
+        hostname=fields[6],
+        rendezvous_addr=addr,
+        rendezvous_port=int(port),
+        secret=bytes.fromhex(secret),
+        source="hora",
+    )
+    return ident, newest
 
 
 def _export(*values: int) -> None:
