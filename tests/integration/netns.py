@@ -149,12 +149,13 @@ class Cluster:
         return [int(p) for p in done.stdout.split()]
 
     def take_down(self, name: str) -> None:
-        """The host ``name`` goes away: every process in its namespace (sshd, sessions,
-        workers) is killed and its link goes down."""
+        """The host ``name`` vanishes: its link goes down (nothing it sends arrives any more,
+        not even the closing of its connections), then every process in its namespace (sshd,
+        sessions, workers) is killed."""
+        _ip("-n", self.namespaces[name], "link", "set", "eth0", "down", check=False)
         for pid in self.processes(name):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        _ip("-n", self.namespaces[name], "link", "set", "eth0", "down", check=False)
 
     def _teardown(self) -> None:
         for name in self.names:
