@@ -123,6 +123,13 @@ class FaultyState(ObjectState):
         super().sync()
 
 
+# the worker environment is Horovod's from the start (before hvd.init), as the launcher plans it
+_host, _index = ME.split("+")[0].rsplit(":", 1)
+for _name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+    if not os.environ.get("HOROVOD_" + _name, "").isdigit():
+        raise SystemExit(f"{ME}: HOROVOD_{_name} is not set at start")
+if os.environ.get("HOROVOD_HOSTNAME") != _host or os.environ["HOROVOD_LOCAL_RANK"] != _index:
+    raise SystemExit(f"{ME}: HOROVOD_HOSTNAME/HOROVOD_LOCAL_RANK do not name this slot")
 if ME.startswith("127.0.0.1"):
     time.sleep(CFG.get("late_start", 0))  # a slow new host
 hvd.init()
