@@ -309,11 +309,8 @@ class ElasticJob(Job):
             log.warning("elastic: worker %d (%s) exited with %s", label, m.id, exit_status(code))
             self._blacklist_host(m.host)
         live = [m for m in self.members if m.code is None]
-        if (
-            any(m.code not in (0, None) for m in self.members)
-            and live
-            and all(m.leaving for m in live)
-        ):
+        failed = any(m.code not in (0, None) and not m.leaving for m in self.members)
+        if failed and live and all(m.leaving for m in live) and not self._finishing():
             raise LaunchError(self._why_none_left())
 
     def _why_none_left(self) -> str:
