@@ -79,3 +79,10 @@ def test_mpirun_command_forwards_names_not_values() -> None:
     argv = mpirun.command(bound, slots, env, SshOptions(port=22), [], mpirun="mpirun")
     assert argv[7:11] == ["--bind-to", "core", "--map-by", "socket"]
     assert "-bind-to" not in argv and "slot" not in argv
+
+
+def test_ssh_sessions_of_a_vanished_host_end() -> None:
+    """Keepalives: a host whose network is gone ends its ssh sessions (its ranks then count as
+    failed) instead of leaving them open for ever."""
+    argv = " ".join(SshOptions().argv("h"))
+    assert "-o ServerAliveInterval=5 -o ServerAliveCountMax=3" in argv
