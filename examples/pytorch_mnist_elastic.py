@@ -1,10 +1,10 @@
 """Elastic MNIST: Horovod's ``pytorch_mnist_elastic.py`` on hora.
 
-    hora run -np 3 --min-np 2 -H localhost:3 python examples/pytorch_mnist_elastic.py
+    hora run -np 3 --min-np 2 -H 127.0.0.1:1,localhost:2 python examples/pytorch_mnist_elastic.py
 
-Kill one of the workers while it trains: the others roll back to their last commit, re-form
-as a job of two and finish. Uses the same data (MNIST files, else scikit-learn's digits) and
-network as ``pytorch_mnist.py``.
+Kill the worker on 127.0.0.1 while it trains: its host is blacklisted, the two on localhost roll
+back to their last commit, re-form as a job of two and finish. Uses the same data (MNIST
+files, else scikit-learn's digits) and network as ``pytorch_mnist.py``.
 """
 
 from __future__ import annotations

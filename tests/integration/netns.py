@@ -148,6 +148,15 @@ class Cluster:
         done = _ip("netns", "pids", self.namespaces[name], check=False)
         return [int(p) for p in done.stdout.split()]
 
+    def take_down(self, name: str) -> None:
+        """The host ``name`` vanishes: its link goes down (nothing it sends arrives any more,
+        not even the closing of its connections), then every process in its namespace (sshd,
+        sessions, workers) is killed."""
+        _ip("-n", self.namespaces[name], "link", "set", "eth0", "down", check=False)
+        for pid in self.processes(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def _teardown(self) -> None:
         for name in self.names:
             for pid in self.processes(name):

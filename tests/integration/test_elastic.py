@@ -77,34 +77,41 @@ def _done(out: str) -> dict[str, str]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("victim", ["localhost:2", "localhost:0"], ids=["rank2", "rank0"])
-def test_a_killed_worker_is_dropped_and_the_rest_finish_from_the_last_commit(
-    tmp_path, victim
+@pytest.mark.parametrize(
+    "victim,survivors",
+    [("127.0.0.1:0", ["localhost:0", "localhost:1"]), ("localhost:0", ["127.0.0.1:0"])],
+    ids=["rank2", "rank0"],
+)
+def test_a_killed_worker_blacklists_its_host_and_the_rest_finish_from_the_last_commit(
+    tmp_path, victim, survivors
 ) -> None:
     code, out = _run(
         tmp_path,
-        ["-np", "3", "--min-np", "2", "-H", "localhost:3", "--elastic-timeout", "60"],
+        ["-np", "3", "--min-np", "1", "-H", "localhost:2,127.0.0.1:1", "--elastic-timeout", "60"],
         ["6", "3", victim],
         timeout=140,
     )
     assert code == 0, out
     done = _done(out)
-    survivors = {"localhost:0", "localhost:1", "localhost:2"} - {victim}
     assert set(done) == {f"id={s}" for s in survivors}, out
+    size = len(survivors)
     for line in done.values():
-        # every epoch was counted exactly once, the last three in a world of two
-        assert "size=2 epoch=6 total=6.0 resets=[2]" in line, out
-    assert sorted(line.split()[1] for line in done.values()) == ["rank=0", "rank=1"], out
-    assert "exited with 137; the others go on" in out, out  # 128 + SIGKILL
-    assert "round 1 formed with 2 workers" in out, out
+        # every epoch was counted exactly once, the last three in the smaller world
+        assert f"size={size} epoch=6 total=6.0 resets=[{size}]" in line, out
+    assert sorted(line.split()[1] for line in done.values()) == [
+        f"rank={r}" for r in range(size)
+    ], out
+    assert "exited with 137" in out, out  # 128 + SIGKILL
+    assert f"host {victim.split(':')[0]} is blacklisted" in out, out
+    assert f"round 1 formed with {size} workers" in out, out
 
 
 @pytest.mark.timeout(60)
 def test_too_few_workers_left_ends_the_job(tmp_path) -> None:
     code, out = _run(
         tmp_path,
-        ["-np", "2", "--min-np", "2", "-H", "localhost:2", "--elastic-timeout", "30"],
-        ["6", "2", "localhost:1"],
+        ["-np", "2", "--min-np", "2", "-H", "localhost:1,127.0.0.1:1", "--elastic-timeout", "30"],
+        ["6", "2", "127.0.0.1:0"],
         timeout=50,
     )
     assert code != 0, out
@@ -145,23 +152,24 @@ def test_a_discovered_slot_joins_and_gets_the_state(tmp_path) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_a_failed_slot_gets_a_new_worker_after_its_cooldown(tmp_path) -> None:
-    flags = ["-np", "3", "--min-np", "2", "-H", "localhost:3", "--elastic-timeout", "60"]
+def test_a_blacklisted_host_gets_a_new_worker_after_its_cooldown(tmp_path) -> None:
+    flags = ["-np", "3", "--min-np", "2", "-H", "localhost:2,127.0.0.1:1",
+             "--elastic-timeout", "60"]  # fmt: skip
     code, out = _run(
         tmp_path,
         [*flags, "--blacklist-cooldown-range", "1", "1"],
         # the last argument only slows the epochs while the world has two workers
-        ["30", "3", "localhost:2", str(tmp_path / "not_read")],
+        ["30", "3", "127.0.0.1:0", str(tmp_path / "not_read")],
         timeout=140,
     )
     assert code == 0, out
     done = _done(out)
-    assert set(done) == {"id=localhost:0", "id=localhost:1", "id=localhost:2+1"}, out
+    assert set(done) == {"id=localhost:0", "id=localhost:1", "id=127.0.0.1:0+1"}, out
     for line in done.values():
         assert "size=3 epoch=30 total=30.0" in line, out  # every epoch counted exactly once
-    assert "worker 2 (localhost:2) exited with 137; the others go on" in out, out
-    assert "slot localhost:2 rests 1.0s" in out, out
-    assert "started worker 3 (localhost:2+1)" in out, out
+    assert "worker 2 (127.0.0.1:0) exited with 137" in out, out
+    assert "host 127.0.0.1 is blacklisted for 1.0s" in out, out
+    assert "started worker 3 (127.0.0.1:0+1)" in out, out
     assert "formed with 3 workers" in out, out
 
 
@@ -186,8 +194,9 @@ def _pid_of(worker_id: str) -> int | None:
 @pytest.mark.timeout(300)
 def test_the_elastic_mnist_example_survives_a_killed_worker() -> None:
     """The example under `hora run`: SIGKILL one worker in epoch 1; the job re-forms with two
-    workers, the TorchState (model, optimizer, sampler) rolls back, and training finishes."""
-    argv = [*HORA, "run", "-np", "3", "--min-np", "2", "-H", "localhost:3",
+    workers (localhost's; 127.0.0.1 is blacklisted), the TorchState (model, optimizer, sampler)
+    rolls back, and training finishes."""
+    argv = [*HORA, "run", "-np", "3", "--min-np", "2", "-H", "127.0.0.1:1,localhost:2",
             "--elastic-timeout", "60", sys.executable,
             str(ROOT / "examples" / "pytorch_mnist_elastic.py"), "--epochs", "3"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -199,7 +208,7 @@ def test_the_elastic_mnist_example_survives_a_killed_worker() -> None:
         for line in proc.stdout:
             lines.append(line)
             if killed is None and "Train Epoch: 1 batch 10 " in line:
-                killed = _pid_of("localhost:1")
+                killed = _pid_of("127.0.0.1:0")
                 assert killed is not None, "".join(lines)
                 os.kill(killed, signal.SIGKILL)
         code = proc.wait(timeout=280)
@@ -208,7 +217,7 @@ def test_the_elastic_mnist_example_survives_a_killed_worker() -> None:
     out = "".join(lines)
     assert code == 0, out[-4000:]
     assert killed is not None, out[-4000:]
-    assert "exited with 137; the others go on" in out, out[-4000:]
+    assert "exited with 137" in out and "host 127.0.0.1 is blacklisted" in out, out[-4000:]
     assert "Job re-formed: 2 workers" in out, out[-4000:]
     assert re.search(r"Train Epoch: 2 batch \d+ size 2\t", out), out[-4000:]
     accuracy = re.search(r"Done: 2 workers, test accuracy (\d+\.\d+)%", out)

@@ -30,9 +30,9 @@ from hora.core.executor import TensorEntry
 from hora.core.handles import Handle, in_flight
 from hora.core.messages import OpType, Request
 from hora.core.process_sets import ProcessSet, global_process_set
-from hora.elastic.rendezvous import is_elastic_worker, join
 from hora.errors import NOT_INITIALIZED_MESSAGE
 from hora.identity import Identity, detect
+from hora.rendezvous.rounds import is_elastic_worker, join
 from hora.settings import Settings, check_paths, env_lookup, load
 
 log = logging.getLogger("hora")
@@ -60,7 +60,16 @@ class Runtime:
                              self.timeline)
         self.engine.register_global_set()
         self.engine.departure = self._departure
-        self.engine.start()
+        try:
+            self.engine.start()
+        except BaseException:
+            # a peer was lost while connecting: close this rank's connections, or the peers
+            # already connected to it would wait on it for ever (an elastic job re-forms)
+            if transport is not None:
+                transport.close()
+            if self.store is not None:
+                self.store.close()
+            raise
         self.sets: dict[int, ProcessSet] = {0: global_process_set}
         self.dynamic_counter = 0
         self.auto_names: dict[int, int] = {}  # set id -> unnamed ops so far (every kind)

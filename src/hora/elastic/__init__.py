@@ -3,7 +3,7 @@
 Worker side: :func:`run` (the decorator), :class:`State` and :class:`ObjectState`
 (``hora.torch.elastic`` adds ``TorchState`` and ``ElasticSampler``). Launcher side:
 :mod:`hora.elastic.driver`, which ``hora run`` uses when given ``--min-np``, ``--max-np`` or
-``--host-discovery-script``. The two meet in the rendezvous store (:mod:`hora.elastic.rendezvous`).
+``--host-discovery-script``. The two meet in the rendezvous store (:mod:`hora.rendezvous.rounds`).
 """
 
 from hora.elastic.run import run

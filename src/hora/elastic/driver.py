@@ -1,26 +1,34 @@
 """The launcher's side of elastic training: ``hora run --min-np/--max-np/--host-discovery-script``.
 
-:class:`ElasticJob` starts ``-np`` workers (at most ``--max-np``) and forms round 0 of the job
-(see :mod:`hora.elastic.rendezvous`). Then it watches:
+Horovod's elastic driver, on hora's rendezvous store (see :mod:`hora.rendezvous.rounds`):
 
-* A worker that exits with an error is dropped; the others' collectives fail, they roll back to
-  their last commit and ask for the next round, which the launcher forms once every running
-  worker has asked - with at least ``--min-np`` of them. A failed worker's slot is not used
-  again, unless ``--blacklist-cooldown-range MIN MAX`` is given: the slot then cools down
-  (:func:`cooldown`) and a new worker is started on it, which joins like a discovered one.
-* ``--host-discovery-script`` is run every second: workers are started on new slots (up to
-  ``--max-np``), and stopped on hosts that disappeared. The workers learn of the change at their
-  next ``state.commit()`` (``HostsUpdatedInterrupt``) and ask for the next round together.
-* A round not formed within ``--elastic-timeout`` seconds, fewer workers than ``--min-np`` with
-  no way to get more, or more resets than ``--reset-limit`` end the job.
+* **Start.** Wait (up to ``--elastic-timeout``) until the hosts have ``-np`` slots, then start a
+  worker on every slot, up to ``--max-np``, and form round 0.
+* **Discovery.** ``--host-discovery-script`` runs every second (:data:`DISCOVERY_INTERVAL`);
+  host order is stable, new hosts come last. Workers start on new slots (up to ``--max-np``);
+  once one asks to join, the running workers are told (the ``hosts`` key) and raise
+  ``HostsUpdatedInterrupt`` at their next ``commit()``/``check_host_updates()``. The workers of
+  a host that disappeared are told the same way; at the re-formation they leave with status 0,
+  and nothing is rolled back.
+* **A failed worker** (non-zero exit) blacklists its host: all of the host's workers leave the
+  job (they exit at the re-formation). With ``--blacklist-cooldown-range MIN MAX`` the host comes
+  back after its cooldown (:func:`cooldown`); without it, never.
+* **Re-formation.** Once every worker still in the job asked for the next round (and there are
+  at least ``--min-np``), the launcher forms it: earlier workers first, by their last rank (the
+  new rank 0 holds the committed state). Each re-formation is one reset; more than
+  ``--reset-limit`` end the job, with Horovod's message.
+* **The end.** Success when every worker of the last round exited with 0. Failure, with the
+  reason, when every worker failed or every host is blacklisted, when fewer than ``--min-np``
+  remain with no way to get more, or when a round is not formed within ``--elastic-timeout``.
 
-The job succeeds when every worker of the last round exited with 0. Runs in the launcher's main
-thread; not thread-safe.
+Layering: built on :mod:`hora.launch` (processes, hosts, ssh, the static :class:`Job`); the
+CLI chooses between the two. Runs in the launcher's main thread; not thread-safe.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import subprocess
@@ -28,49 +36,41 @@ import sys
 import time
 from dataclasses import dataclass
 
-from hora.elastic import rendezvous as rdv
 from hora.errors import LaunchError
-from hora.launch.config import LaunchConfig
-from hora.launch.hosts import HostSlots, assign_ranks, parse_hosts
-from hora.launch.job import Job
+from hora.launch.config import ElasticOptions, LaunchConfig
+from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks, parse_hosts
+from hora.launch.job import Job, exit_status
 from hora.launch.preflight import run_preflight
 from hora.launch.process import ConsoleSink, Worker, stop_all
 from hora.launch.workerenv import job_env
+from hora.rendezvous import rounds as rdv
 from hora.rendezvous.client import StoreClient
+
+__all__ = ["DISCOVERY_INTERVAL", "ElasticJob", "ElasticOptions", "cooldown", "discover"]
 
 log = logging.getLogger("hora.launch")
 
-_POLL = 0.1  # seconds between looks at the workers and the store
-_DISCOVERY_EVERY = 1.0
-
-
-@dataclass(frozen=True)
-class ElasticOptions:
-    min_np: int
-    max_np: int | None = None  # None: as many as there are slots
-    host_discovery_script: str | None = None
-    slots_per_host: int | None = None
-    elastic_timeout: float = 600.0
-    reset_limit: int | None = None
-    cooldown_range: tuple[int, int] | None = None  # --blacklist-cooldown-range: reuse failed slots
+_POLL = 0.05  # seconds between looks at the workers and the store
+DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script (Horovod's frequency)
 
 
 @dataclass
 class _Member:
-    id: str  # host:index, the worker's name in the store
+    id: str  # host:index[+n], the worker's name in the store
     host: str
     label: int  # the prefix of its output lines
     worker: Worker
+    slot: str  # host:index it runs on
     rank: int = -1  # in the newest round it belongs to
     code: int | None = None  # exit code once it exited
-    removed: bool = False  # stopped because its host went away
-    slot: str = ""  # host:index it runs on
+    leaving: bool = False  # its host left the job: it exits at the next re-formation
+    stop_at: float = math.inf  # when a leaving worker that did not exit is stopped
 
 
 def cooldown(bounds: tuple[int, int], failures: int, jitter: float | None = None) -> float:
-    """Seconds a slot rests after its ``failures``-th failure: the lower bound doubled for each
-    earlier failure, plus up to a second of jitter, within ``bounds`` (each clamped to 1-3600 s,
-    as Horovod does)."""
+    """Seconds a blacklisted host rests after its ``failures``-th failure: the lower bound
+    doubled for each earlier failure, plus up to a second of jitter, within ``bounds`` (each
+    clamped to 1-3600 s, as Horovod does)."""
     low, high = (min(max(int(b), 1), 3600) for b in bounds)
     high = max(high, low)
     extra = random.random() if jitter is None else jitter
@@ -93,7 +93,7 @@ def discover(script: str, slots_per_host: int | None, timeout: float = 30.0) -> 
     lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
     if slots_per_host:
         lines = [ln if ":" in ln else f"{ln}:{slots_per_host}" for ln in lines]
-    return parse_hosts(",".join(lines)) if lines else []
+    return parse_hosts(",".join(dict.fromkeys(lines))) if lines else []
 
 
 class ElasticJob(Job):
@@ -110,11 +110,15 @@ class ElasticJob(Job):
             self._hosts = self._wait_for_hosts(config.np)
         config.hosts = self._hosts
         super().__init__(config)
+        total = sum(h.slots for h in self._hosts)
+        cap = total if options.max_np is None else min(total, options.max_np)
+        self.slots = assign_ranks(self._hosts, cap)  # every slot up to --max-np, as Horovod
         self.members: list[_Member] = []
-        self._used: set[str] = set()  # slots (host:index) ever started; refilled only if resting
-        self._failures: dict[str, int] = {}  # slot -> failures so far
-        self._resting: dict[str, float] = {}  # slot -> when its cooldown ends
+        self._starts: dict[str, int] = {}  # slot -> workers started on it so far
+        self._host_failures: dict[str, int] = {}
+        self._blacklist: dict[str, float] = {}  # host -> when it may come back (inf: never)
         self._round = 0
+        self._current: set[str] = set()  # ids of the newest round's members
         self._resets = 0
         self._updates = 0
         self._announced = -1  # the round whose joiners the workers were told about
@@ -134,7 +138,7 @@ class ElasticJob(Job):
                     f"{np} needed, the discovery script lists "
                     f"{','.join(f'{h.name}:{h.slots}' for h in hosts) or 'none'}"
                 )
-            time.sleep(_DISCOVERY_EVERY)
+            time.sleep(DISCOVERY_INTERVAL)
 
     def _address(self, host: str) -> str:
         assert self._preflight is not None
@@ -144,6 +148,9 @@ class ElasticJob(Job):
             found = run_preflight([host], self._ssh, cfg.start_timeout, cfg.network_interfaces)
             known.update(found.launcher_address)
         return known[host]
+
+    def _blacklisted(self, host: str, now: float) -> bool:
+        return self._blacklist.get(host, 0.0) > now
 
     # -- running ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -163,14 +170,14 @@ class ElasticJob(Job):
                 "HORA_ELASTIC": "1",
                 "HOROVOD_ELASTIC": "1",
                 "HORA_ELASTIC_TIMEOUT": str(self.options.elastic_timeout),
+                "HOROVOD_ELASTIC_TIMEOUT": str(self.options.elastic_timeout),
             }
         )
         self._out, self._err = ConsoleSink(sys.stdout), ConsoleSink(sys.stderr)
         with StoreClient("127.0.0.1", self.port, self.secret) as store:
             self._store = store
-            for slot in self.slots:
-                self._start(slot.hostname, slot.local_rank)
-            self._form(0, self.members)
+            started = [self._start(slot) for slot in self.slots]
+            self._form(0, started)
             try:
                 return self._watch()
             except LaunchError as e:
@@ -178,20 +185,23 @@ class ElasticJob(Job):
                 stop_all(self.workers, cfg.grace_seconds)
                 return 1
 
-    def _start(self, host: str, index: int) -> None:
-        slot = wid = f"{host}:{index}"
-        if self._failures.get(slot):  # a fresh name: the store may hold the failed one's keys
-            wid = f"{slot}+{self._failures[slot]}"
+    def _start(self, slot: SlotInfo) -> _Member:
+        """Start a worker on ``slot``, with the identity variables it is planned to have."""
+        host = slot.hostname
+        where = f"{host}:{slot.local_rank}"
+        n = self._starts.get(where, 0)
+        self._starts[where] = n + 1
+        wid = f"{where}+{n}" if n else where  # a fresh name: the store may hold the old keys
         env = dict(self._common)
+        env.update(slot.identity_env())
         env["HORA_RENDEZVOUS_ADDR"] = env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = self._address(host)
         env["HORA_ELASTIC_ID"] = wid
-        for prefix in ("HORA_", "HOROVOD_"):
-            env[prefix + "HOSTNAME"] = host
         label = len(self.members)
-        self._used.add(slot)
         worker = self._spawn(label, host, env, self._out, self._err)
-        self.members.append(_Member(wid, host, label, worker, slot=slot))
+        member = _Member(wid, host, label, worker, slot=where)
+        self.members.append(member)
         log.info("elastic: started worker %d (%s)", label, wid)
+        return member
 
     def _form(self, r: int, members: list[_Member]) -> None:
         """Write round ``r``: ranks host by host, in the order of ``members``."""
@@ -208,82 +218,140 @@ class ElasticJob(Job):
         self._round, self._current = r, {m.id for m in members}
         if r:
             log.info("elastic: round %d formed with %d workers", r, len(members))
+            grace = time.monotonic() + self.config.grace_seconds + 5.0
+            for m in self.members:
+                if m.leaving and m.code is None:
+                    m.stop_at = min(m.stop_at, grace)
 
     def _watch(self) -> int:
         opts = self.options
         pending_since: float | None = None
-        next_discovery = time.monotonic() + _DISCOVERY_EVERY
+        next_discovery = time.monotonic() + DISCOVERY_INTERVAL
         while True:
             self._reap()
             now = time.monotonic()
             if now >= next_discovery:
                 if opts.host_discovery_script:
                     self._rediscover()
-                elif opts.cooldown_range:
+                else:
                     self._refill(self._hosts)
-                next_discovery = now + _DISCOVERY_EVERY
+                next_discovery = now + DISCOVERY_INTERVAL
+            for m in self.members:
+                if m.leaving and m.code is None and now > m.stop_at:
+                    log.info("elastic: worker %d (%s) left no room; stopping it", m.label, m.id)
+                    m.worker.stop()
+                    m.stop_at = math.inf
             live = [m for m in self.members if m.code is None]
+            active = [m for m in live if not m.leaving]
             if not live:
                 return self._result()
+            if self._finishing():
+                # a worker of the job finished its training (Horovod: any success stops the
+                # job): workers not yet in it are not taken in any more
+                for m in active:
+                    if m.id not in self._current:
+                        self._leave(m)
+                        m.worker.stop()
+                time.sleep(_POLL)
+                continue
             nxt = self._round + 1
-            ready = [m for m in live if self._store.check([rdv.ready_key(nxt, m.id)])]
+            ready = [m for m in active if self._store.check([rdv.ready_key(nxt, m.id)])]
             if not ready:
                 pending_since = None
             else:
                 pending_since = pending_since or now
-                if len(live) < opts.min_np and not self._can_grow():
+                if len(active) < opts.min_np and not self._can_grow():
                     raise LaunchError(
-                        f"only {len(live)} workers are left, fewer than --min-np "
+                        f"only {len(active)} workers are left, fewer than --min-np "
                         f"{opts.min_np}, and no --host-discovery-script or "
                         "--blacklist-cooldown-range can add more"
                     )
                 if any(m.id not in self._current for m in ready) and self._announced < nxt:
                     self._announced = nxt
                     self._hosts_changed(removed_only=False)
-                if len(ready) == len(live) and len(live) >= opts.min_np:
-                    self._next_round(live)
+                if len(ready) == len(active) and len(active) >= opts.min_np:
+                    self._next_round(active)
                     pending_since = None
                 elif now - pending_since > opts.elastic_timeout:
-                    missing = [m.id for m in live if m not in ready]
+                    missing = [m.id for m in active if m not in ready]
                     raise LaunchError(
+                        "Timed out waiting for minimum number of slots to become available: "
                         f"round {nxt} was not formed within {opts.elastic_timeout:g}s "
-                        f"(--elastic-timeout): workers {', '.join(missing)} did not ask for it "
-                        f"({len(live)} running, --min-np {opts.min_np})"
+                        f"(--elastic-timeout); {len(active)} workers in the job, --min-np "
+                        f"{opts.min_np}; not ready: {', '.join(missing) or 'none'}"
                     )
             time.sleep(_POLL)
 
-    def _next_round(self, live: list[_Member]) -> None:
+    def _finishing(self) -> bool:
+        return any(
+            m.code == 0 and m.id in self._current and not m.leaving for m in self.members
+        )
+
+    def _next_round(self, active: list[_Member]) -> None:
         limit = self.options.reset_limit
-        self._resets += 1
-        if limit is not None and self._resets > limit:
+        if limit is not None and self._resets >= limit:
             raise LaunchError(
                 "Horovod was shutdown because number of resets during elastic job exceeded "
                 f"limit: {limit}"
             )
+        self._resets += 1
         # earlier members first, by their last rank: the new rank 0 holds the committed state
-        old = sorted((m for m in live if m.id in self._current), key=lambda m: m.rank)
-        self._form(self._round + 1, old + [m for m in live if m.id not in self._current])
+        old = sorted((m for m in active if m.id in self._current), key=lambda m: m.rank)
+        if not old:
+            raise LaunchError("No hosts from previous set remaining, unable to broadcast state.")
+        self._form(self._round + 1, old + [m for m in active if m.id not in self._current])
 
     def _reap(self) -> None:
         while not self._exits.empty():
             label, code = self._exits.get_nowait()
             m = self.members[label]
             m.code = code
-            if code != 0 and not m.removed:
-                log.warning(
-                    "elastic: worker %d (%s) exited with %s; the others go on", label, m.id, code
-                )
-                self._rest(m.slot)
+            if code == 0 or m.leaving:
+                continue
+            log.warning("elastic: worker %d (%s) exited with %s", label, m.id, exit_status(code))
+            self._blacklist_host(m.host)
+        live = [m for m in self.members if m.code is None]
+        failed = any(m.code not in (0, None) and not m.leaving for m in self.members)
+        if failed and live and all(m.leaving for m in live) and not self._finishing():
+            raise LaunchError(self._why_none_left())
 
-    def _rest(self, slot: str) -> None:
-        """A worker failed on ``slot``: close the slot for good, or for its cooldown."""
+    def _why_none_left(self) -> str:
+        failed = [m for m in self.members if m.code not in (0, None) and not m.leaving]
+        hosts = sorted(self._blacklist)
+        return (
+            f"every host is blacklisted ({', '.join(hosts)}) after {len(failed)} workers "
+            "exited with non-zero status; no worker is left to go on"
+        )
+
+    def _blacklist_host(self, host: str) -> None:
+        """A worker on ``host`` failed: the host leaves the job, for good or for its cooldown."""
         bounds = self.options.cooldown_range
-        self._failures[slot] = self._failures.get(slot, 0) + 1
+        failures = self._host_failures[host] = self._host_failures.get(host, 0) + 1
+        others = [m for m in self.members if m.host == host and m.code is None and not m.leaving]
         if bounds is None:
-            return  # never used again
-        wait = cooldown(bounds, self._failures[slot])
-        self._resting[slot] = time.monotonic() + wait
-        log.info("elastic: slot %s rests %.1fs before a new worker starts there", slot, wait)
+            self._blacklist[host] = math.inf
+            log.warning(
+                "elastic: host %s is blacklisted; its %d other workers leave the job",
+                host,
+                len(others),
+            )
+        else:
+            wait = cooldown(bounds, failures)
+            self._blacklist[host] = time.monotonic() + wait
+            log.warning(
+                "elastic: host %s is blacklisted for %.1fs; its %d other workers leave the job",
+                host,
+                wait,
+                len(others),
+            )
+        for m in others:
+            self._leave(m)
+
+    def _leave(self, m: _Member) -> None:
+        m.leaving = True
+        self._store.set(rdv.removed_key(m.id), b"1")
+        if m.id not in self._current:  # a joiner never formed: nothing to wait for
+            m.stop_at = time.monotonic() + self.config.grace_seconds
 
     def _can_grow(self) -> bool:
         return bool(self.options.host_discovery_script or self.options.cooldown_range)
@@ -292,53 +360,93 @@ class ElasticJob(Job):
         opts = self.options
         assert opts.host_discovery_script is not None
         try:
-            hosts = discover(opts.host_discovery_script, opts.slots_per_host)
+            found = discover(opts.host_discovery_script, opts.slots_per_host)
         except LaunchError as e:
             log.warning("elastic: %s; keeping the hosts found before", e)
             return
-        names = {h.name for h in hosts}
-        gone = [m for m in self.members if m.code is None and m.host not in names]
+        by_name = {h.name: h for h in found}
+        # a stable order: known hosts keep their place, new ones come last
+        kept = [by_name[h.name] for h in self._hosts if h.name in by_name]
+        known = {h.name for h in kept}
+        self._hosts = kept + [h for h in found if h.name not in known]
+        gone = [m for m in self.members if m.code is None and not m.leaving]
+        gone = [m for m in gone if m.host not in by_name or _index(m.slot) >= by_name[m.host].slots]
         for m in gone:
-            log.info("elastic: host %s is gone; stopping worker %d", m.host, m.label)
-            m.removed = True
-            m.worker.stop()
-        added = self._refill(hosts)
+            log.info("elastic: host %s is gone; worker %d leaves at the next commit", m.host,
+                     m.label)  # fmt: skip
+            self._leave(m)
+        added = self._refill(self._hosts)
         if gone and not added:
             self._hosts_changed(removed_only=True)
 
     def _refill(self, hosts: list[HostSlots]) -> int:
-        """Start workers on free slots of ``hosts``, up to ``--max-np``: slots never used, and
-        (with ``--blacklist-cooldown-range``) failed ones whose cooldown has ended."""
+        """Start workers on the free slots of ``hosts`` that are not blacklisted, up to
+        ``--max-np``; with the identity they would have if the job re-formed with them."""
         opts, now = self.options, time.monotonic()
-        live = sum(1 for m in self.members if m.code is None and not m.removed)
-        room = (opts.max_np if opts.max_np is not None else 1 << 30) - live
-        added = 0
+        if self._finishing():
+            return 0  # the job is finishing: no new workers
+        active = [m for m in self.members if m.code is None and not m.leaving]
+        busy = {m.slot for m in active}
+        room = math.inf if opts.max_np is None else opts.max_np - len(active)
+        new: list[str] = []
         for h in hosts:
+            if self._blacklisted(h.name, now):
+                continue
             for index in range(h.slots):
                 slot = f"{h.name}:{index}"
-                # a used slot is running, ended, or failed; only a rested failed one is free
-                free = slot not in self._used or self._resting.get(slot, now + 1) <= now
-                if added >= room or not free:
-                    continue
-                self._resting.pop(slot, None)
-                self._start(h.name, index)
-                added += 1
-        return added
+                if slot not in busy and len(new) < room:
+                    new.append(slot)
+        if not new:
+            return 0
+        for host in {s.rsplit(":", 1)[0] for s in new} & set(self._blacklist):
+            del self._blacklist[host]  # its cooldown ended
+            log.info("elastic: host %s is back after its cooldown", host)
+        order: dict[str, list[str]] = {}
+        for m in sorted(active, key=lambda m: m.rank):
+            order.setdefault(m.host, []).append(m.slot)
+        for slot in new:
+            order.setdefault(slot.rsplit(":", 1)[0], []).append(slot)
+        size = sum(len(v) for v in order.values())
+        plan = assign_ranks([HostSlots(h, len(v)) for h, v in order.items()], size)
+        where = [s for v in order.values() for s in v]
+        for slot, info in zip(where, plan):
+            if slot in new:
+                self._start(SlotInfo(info.hostname, info.rank, _index(slot), info.cross_rank,
+                                     info.size, info.local_size, info.cross_size))  # fmt: skip
+        return len(new)
 
     def _hosts_changed(self, removed_only: bool) -> None:
         self._updates += 1
         self._store.set(rdv.HOSTS, f"{self._updates},{int(removed_only)}".encode())
 
     def _result(self) -> int:
-        last = [m for m in self.members if m.id in self._current and not m.removed]
+        last = [m for m in self.members if m.id in self._current and not m.leaving]
         failed = [m for m in last if m.code != 0]
-        if not failed:
+        if last and not failed:
             return 0
-        code = failed[0].code or 1
-        log.error(
-            "elastic: worker %d (%s) of the last round exited with %s",
-            failed[0].label,
-            failed[0].id,
-            code,
-        )
+        if not last:
+            log.error("hora run: %s", self._why_none_left())
+            return 1
+        first = failed[0]
+        code = first.code or 1
+        if len(failed) == len(last):
+            log.error(
+                "hora run: every worker of the last round (%d) exited with non-zero status; "
+                "the first, worker %d (%s), with %s",
+                len(last),
+                first.label,
+                first.id,
+                exit_status(code),
+            )
+        else:
+            log.error(
+                "elastic: worker %d (%s) of the last round exited with %s",
+                first.label,
+                first.id,
+                exit_status(code),
+            )
         return code if 0 < code < 256 else 1
+
+
+def _index(slot: str) -> int:
+    return int(slot.rsplit(":", 1)[1])

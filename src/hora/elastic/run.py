@@ -4,9 +4,10 @@ The decorated training function runs inside a loop. When a collective fails (a w
 :class:`~hora.errors.HoraInternalError` on every survivor) the state rolls back to its last
 commit; when the launcher reports new or removed hosts (:class:`~hora.errors.HostsUpdatedInterrupt`
 at a ``commit``) it keeps its values. Either way hora is shut down and initialised again, which
-re-forms the job with the launcher (see :mod:`hora.elastic.rendezvous`), the reset callbacks run,
-the state is synchronised from the new rank 0 (skipped when hosts were only removed), and the
-function is called again.
+re-forms the job with the launcher (see :mod:`hora.rendezvous.rounds`), the state's ``on_reset``
+runs (its ``reset()``, then the reset callbacks), the state is synchronised from the new rank 0
+(skipped when hosts were only removed), and the function is called again. A worker whose host
+left the job exits with status 0 at its re-formation.
 
 Runs in the training thread; not thread-safe.
 """
@@ -18,12 +19,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hora.elastic.state import State
-from hora.errors import HoraInternalError, HostsUpdatedInterrupt
+from hora.errors import HoraInternalError, HostsUpdatedInterrupt, RendezvousError
+from hora.rendezvous.rounds import WorkerRemoved
 
 log = logging.getLogger("hora.elastic")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_REFORM_TRIES = 5  # re-formations in a row whose connections fail before the worker gives up
 
 
 def run(func: F) -> F:
@@ -32,7 +35,7 @@ def run(func: F) -> F:
     ``--min-np``/``--max-np``/``--host-discovery-script``) a failed collective is raised."""
 
     @functools.wraps(func)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:  # a hora.elastic.state.State
         skip_sync = False
         while True:
             try:
@@ -61,20 +64,24 @@ def _elastic() -> bool:
 
 
 def reset() -> None:
-    """Shut hora down and initialise it again: the launcher assigns this worker a new rank."""
+    """Shut hora down and initialise it again: the launcher assigns this worker a new rank.
+
+    A round whose connections cannot be built (a member died while they were being made) is
+    given up for the next one. A worker removed from the job exits here with status 0.
+    """
     from hora.core import runtime
 
-    runtime.shutdown()
-    runtime.init()
-
-
-def host_updates() -> tuple[int, bool]:
-    """How many times the launcher has changed the hosts, and whether the last change only
-    removed hosts; ``(0, False)`` outside an elastic job."""
-    from hora.core import runtime
-    from hora.elastic.rendezvous import read_host_updates
-
-    rt = runtime.runtime()
-    if not rt.settings.elastic or rt.store is None:
-        return 0, False
-    return read_host_updates(rt.store)
+    for attempt in range(1, _REFORM_TRIES + 1):
+        runtime.shutdown()
+        try:
+            runtime.init()
+            return
+        except WorkerRemoved as e:
+            log.info("%s; exiting", e)
+            raise SystemExit(0) from None
+        except ValueError as e:
+            cause = e.__cause__
+            lost = isinstance(cause, (HoraInternalError, RendezvousError, OSError, TimeoutError))
+            if not lost or attempt == _REFORM_TRIES:
+                raise
+            log.warning("re-formation failed (%s); asking for the next round", e)

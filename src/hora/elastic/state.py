@@ -35,8 +35,14 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
+        """Called by :func:`hora.elastic.run` after every reset: :meth:`reset`, then the reset
+        callbacks."""
+        self.reset()
         for callback in self._reset_callbacks:
             callback()
+
+    def reset(self) -> None:
+        """Override to refresh what depends on the job's size (called on every reset)."""
 
     def on_hosts_updated(self, timestamp: int, skip_sync: bool) -> None:
         """Called when the launcher reported a change of hosts (before the interrupt)."""
@@ -50,8 +56,6 @@ class State:
     def check_host_updates(self) -> None:
         """Raise :class:`HostsUpdatedInterrupt` on every rank together if the set of hosts
         changed; rank 0 asks the launcher and tells the others."""
-        from hora.elastic.run import host_updates
-
         mine = host_updates() if self._rank() == 0 else None
         count, removed_only = self._bcast_object(mine, 0, name="hora.elastic.hosts")
         if self._seen_updates < 0:
@@ -100,3 +104,15 @@ class ObjectState(State):
             values = self._bcast_object(self._values(), 0, name="hora.elastic.objects")
             self.__dict__.update(values)
         self.save()  # a restore after this goes back to the synced values
+
+
+def host_updates() -> tuple[int, bool]:
+    """How many times the launcher has changed the hosts, and whether the last change only
+    removed hosts; ``(0, False)`` outside an elastic job."""
+    from hora.core import runtime
+    from hora.rendezvous.rounds import read_host_updates
+
+    rt = runtime.runtime()
+    if not rt.settings.elastic or rt.store is None:
+        return 0, False
+    return read_host_updates(rt.store)

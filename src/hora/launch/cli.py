@@ -236,7 +236,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     e = _group(
         parser,
         "elastic (workers may fail, leave or join; the training script uses hvd.elastic.run)",
-        "hora run -np 3 --min-np 2 --max-np 4 -H localhost:4 python train_elastic.py",
+        "hora run -np 2 --min-np 2 --max-np 4 -H host1:2,host2:2 python train_elastic.py",
     )
     e.add_argument(
         "--min-np",
@@ -273,8 +273,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         nargs=2,
         type=int,
         metavar=("MIN", "MAX"),
-        help="elastic: start a new worker on a failed worker's slot after MIN seconds, doubled "
-        "for each earlier failure there, at most MAX (each 1-3600; default: never reuse it)",
+        help="elastic: a host blacklisted after a failure comes back after MIN seconds, doubled "
+        "for each earlier failure there, at most MAX (each 1-3600; default: never)",
     )
 
     parser.add_argument(
@@ -436,7 +436,7 @@ def elastic_options(args: argparse.Namespace, config: LaunchConfig) -> Any:
     """The elastic options when any elastic flag was given (else None: a static job)."""
     if args.min_np is None and args.max_np is None and not args.host_discovery_script:
         return None
-    from hora.elastic.driver import ElasticOptions
+    from hora.launch.config import ElasticOptions
 
     timeout = args.elastic_timeout
     return ElasticOptions(
@@ -481,6 +481,8 @@ def command(args: argparse.Namespace) -> int:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             if elastic is not None:
+                # the one place launch/ reaches up: the CLI picks the elastic driver (which is
+                # built on launch/'s processes, hosts and ssh) over a static Job
                 from hora.elastic.driver import ElasticJob
 
                 with ElasticJob(config, elastic) as job:

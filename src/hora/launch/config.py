@@ -248,3 +248,17 @@ def resolve_settings(
 def knob_from_flag(knob: Knob, value: Any) -> Any:
     """A flag's parsed value in the knob's unit (only ``--fusion-threshold-mb`` converts)."""
     return _knob_value(knob, value, knob.flag or knob.field)
+
+
+@dataclass(frozen=True)
+class ElasticOptions:
+    """The elastic part of a launch (``--min-np``, ``--max-np``, ``--host-discovery-script``,
+    ...); the CLI hands it with the :class:`LaunchConfig` to :mod:`hora.elastic.driver`."""
+
+    min_np: int
+    max_np: int | None = None  # None: as many as there are slots
+    host_discovery_script: str | None = None
+    slots_per_host: int | None = None
+    elastic_timeout: float = 600.0
+    reset_limit: int | None = None
+    cooldown_range: tuple[int, int] | None = None  # --blacklist-cooldown-range: hosts come back

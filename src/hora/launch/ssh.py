@@ -1,8 +1,9 @@
 """Reaching remote hosts over ssh: the ssh command line, the preflight probe, remote workers.
 
 The ssh options are Horovod's (``-o PasswordAuthentication=no -o StrictHostKeyChecking=no``,
-``-p``, ``-i``) plus ``BatchMode`` so that nothing ever waits for a password prompt, and hora's
-``-F`` extension (``--ssh-config-file`` or ``HORA_SSH_CONFIG``) for host aliases. The remote
+``-p``, ``-i``) plus ``BatchMode`` so that nothing ever waits for a password prompt,
+``ServerAliveInterval``/``ServerAliveCountMax`` so that a vanished host ends its sessions, and
+hora's ``-F`` extension (``--ssh-config-file`` or ``HORA_SSH_CONFIG``) for host aliases. The remote
 command is the wrapper of :mod:`hora.launch.process`, run by ``sh -c`` on the remote host; the
 secret travels on the ssh process's stdin.
 
@@ -40,6 +41,12 @@ class SshOptions:
             "StrictHostKeyChecking=no",
             "-o",
             "BatchMode=yes",
+            # a host that vanished (powered off, network gone) ends its sessions within about
+            # 15 s instead of never, so its ranks count as failed (an elastic job goes on)
+            "-o",
+            "ServerAliveInterval=5",
+            "-o",
+            "ServerAliveCountMax=3",
         ]
         if self.connect_timeout is not None:
             argv += ["-o", f"ConnectTimeout={max(1, int(self.connect_timeout))}"]

@@ -35,3 +35,8 @@ def test_a_slot_rests_longer_after_each_failure_within_the_range() -> None:
     assert cooldown((5000, 9000), 1, jitter=0.0) == 3600
     assert cooldown((10, 3), 1, jitter=0.0) == 10
     assert 1 <= cooldown((1, 2), 1) <= 2  # with its own random jitter
+
+
+def test_a_host_printed_twice_is_one_host() -> None:
+    """Horovod deduplicates the discovery script's lines."""
+    assert discover("printf 'a:2\\nb:1\\na:2\\n'", None) == [HostSlots("a", 2), HostSlots("b", 1)]

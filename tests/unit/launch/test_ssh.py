@@ -94,3 +94,10 @@ def test_store_listens_on_loopback_locally_and_on_the_job_address_across_hosts()
     assert multi.launcher_address == {"localhost": "10.1.0.1", "b": "10.1.0.1", "c": "10.1.0.1"}
     split = Preflight({"b": "10.1.0.1", "c": "10.2.0.1"}, [], "")
     assert split.store_bind_address() == "0.0.0.0"  # no one address serves both: said in a warning
+
+
+def test_ssh_sessions_of_a_vanished_host_end() -> None:
+    """Keepalives: a host whose network is gone ends its ssh sessions (its ranks then count as
+    failed) instead of leaving them open for ever."""
+    argv = " ".join(SshOptions().argv("h"))
+    assert "-o ServerAliveInterval=5 -o ServerAliveCountMax=3" in argv

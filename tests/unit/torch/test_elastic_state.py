@@ -261,3 +261,92 @@ def test_sync_gives_rank_1_rank_0s_state():
     for r in (r0, r1):
         assert_same(r["restored"][0], r0["model"])
         assert r["restored"][1] == 10
+
+
+def test_a_state_subclass_overriding_reset_has_it_called_on_every_reset():
+    """Horovod's State.on_reset calls reset() (then the callbacks) after every reset."""
+    calls: list[str] = []
+
+    class Counting(ObjectState):
+        def reset(self) -> None:
+            calls.append("reset")
+
+    state = Counting(hvd.broadcast_object, hvd.rank, epoch=0)
+    state.register_reset_callbacks([lambda: calls.append("callback")])
+    state.on_reset()
+    state.on_reset()
+    assert calls == ["reset", "callback", "reset", "callback"]
+
+    class Torchy(TorchState):
+        def reset(self) -> None:
+            calls.append("torch reset")
+
+    calls.clear()
+    Torchy(model=make_model(0)).on_reset()
+    assert calls == ["torch reset"]
+
+
+def test_handlers_written_as_horovod_writes_them_work_with_torch_state():
+    """A handler built with one argument (``handler_cls(value)``) that keeps its own copy, in
+    the registry returned by get_handler_registry, as horovod/torch/elastic/state.py does."""
+    from hora.torch.elastic import state as elastic_state
+
+    class Counter:
+        def __init__(self) -> None:
+            self.n = 0
+
+    class CounterHandler(elastic_state.StateHandler):
+        def __init__(self, value: Counter) -> None:
+            super().__init__(value)
+            self._saved = value.n
+
+        def save(self) -> None:
+            self._saved = self.value.n
+
+        def restore(self) -> None:
+            self.value.n = self._saved
+
+        def sync(self) -> None:
+            self.value.n = hvd.broadcast_object(self.value.n, 0)
+
+    class PlainHandler:  # not even a StateHandler subclass: save/restore/sync/set_value only
+        def __init__(self, value: list) -> None:
+            self.value = value
+            self._saved = list(value)
+
+        def save(self) -> None:
+            self._saved = list(self.value)
+
+        def restore(self) -> None:
+            self.value[:] = self._saved
+
+        def sync(self) -> None:
+            pass
+
+        def set_value(self, value: list) -> None:
+            self.value = value
+            self.save()
+
+    registry = elastic_state.get_handler_registry()
+    saved = list(registry)
+    try:
+        elastic_state.set_handler_registry([(Counter, CounterHandler), (list, PlainHandler),
+                                            *saved])  # fmt: skip
+        model = make_model(0)
+        state = TorchState(model=model, counter=Counter(), items=[1], epoch=0)
+        assert isinstance(state._handlers["counter"], CounterHandler)
+        assert isinstance(state._handlers["model"], elastic_state.ModelStateHandler)
+        state.counter.n, state.items[0] = 5, 2
+        state.commit()
+        state.counter.n, state.items[0] = 9, 7
+        state.restore()
+        assert (state.counter.n, state.items) == (5, [2])
+        state.sync()
+        state.on_reset()  # the handlers have no on_reset: nothing to call, nothing fails
+        scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), 0.1), 1)
+        with_scheduler = TorchState(model=model, scheduler=scheduler)
+        assert isinstance(
+            with_scheduler._handlers["scheduler"], elastic_state.LRSchedulerStateHandler
+        )
+    finally:
+        elastic_state.set_handler_registry(saved)

@@ -1,10 +1,12 @@
-"""``hvd.elastic`` for PyTorch: Horovod's ``horovod.torch.elastic`` on hora.
+"""``hvd.elastic``'s PyTorch state: Horovod's ``horovod.torch.elastic.state`` on hora.
 
 ``TorchState(model, optimizer, **kwargs)`` keeps a model, an optimizer, samplers and plain values
 across resets: ``save()`` (and ``commit()``) keeps deep copies in memory, ``restore()`` loads
 them back after a failed collective, ``sync()`` gives every rank rank 0's values. Each value is
 kept by the handler registered for its type (modules, optimizers, samplers); anything else is a
-plain value, deep-copied and broadcast pickled as in ``ObjectState``.
+plain value, deep-copied and broadcast pickled as in ``ObjectState``. A handler class is built
+as Horovod builds it, ``handler_cls(value)``, so handlers written for Horovod (``save``,
+``restore``, ``sync``, ``set_value``, ``value``) work here; ``on_reset()`` is optional.
 
 Used from the training thread; not thread-safe. ``sync()`` is collective.
 """
@@ -25,10 +27,14 @@ from hora.torch.sampler import DistributedSampler, ElasticSampler
 
 
 class StateHandler:
-    """Keeps one value of a :class:`TorchState` through its ``state_dict``."""
+    """Keeps one value of a :class:`TorchState` through its ``state_dict``.
 
-    def __init__(self, value: Any, name: str) -> None:
-        self.value, self.name = value, name
+    ``TorchState`` sets ``name`` (the attribute it keeps) after building the handler.
+    """
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.name = ""
         self.save()
 
     def set_value(self, value: Any) -> None:
@@ -69,6 +75,12 @@ class OptimizerStateHandler(StateHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class LRSchedulerStateHandler(StateHandler):
+    def sync(self) -> None:
+        name = f"hora.elastic.scheduler.{self.name}"
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), 0, name=name))
+
+
 class SamplerStateHandler(StateHandler):
     def sync(self) -> None:
         name = f"hora.elastic.sampler.{self.name}"
@@ -82,6 +94,7 @@ class SamplerStateHandler(StateHandler):
 _handler_registry: list[tuple[type, type[StateHandler]]] = [
     (torch.nn.Module, ModelStateHandler),
     (torch.optim.Optimizer, OptimizerStateHandler),
+    (torch.optim.lr_scheduler.LRScheduler, LRSchedulerStateHandler),
     (DistributedSampler, SamplerStateHandler),  # ElasticSampler included
 ]
 
@@ -94,6 +107,14 @@ def get_handler_registry() -> list[tuple[type, type[StateHandler]]]:
 def set_handler_registry(registry: list[tuple[type, type[StateHandler]]]) -> None:
     global _handler_registry
     _handler_registry = registry
+
+
+def _get_handler(value: Any) -> Any:
+    """A handler for ``value`` from the first registry entry whose type it has, else None."""
+    for kind, cls in _handler_registry:
+        if isinstance(value, kind):
+            return cls(value)
+    return None
 
 
 class TorchState(ObjectState):
@@ -112,11 +133,12 @@ class TorchState(ObjectState):
         handlers: dict[str, StateHandler] = {}
         plain: dict[str, Any] = {}
         for name, value in {"model": model, "optimizer": optimizer, **kwargs}.items():
-            cls = next((h for t, h in _handler_registry if isinstance(value, t)), None)
-            if cls is None:
+            handler = _get_handler(value)
+            if handler is None:
                 plain[name] = value
             else:
-                handlers[name] = cls(value, name)
+                handler.name = name
+                handlers[name] = handler
         self._handlers = handlers
         super().__init__(broadcast_object, hora.rank, **plain)
         for name, handler in handlers.items():
@@ -145,7 +167,9 @@ class TorchState(ObjectState):
 
     def on_reset(self) -> None:
         for handler in self._handlers.values():
-            handler.on_reset()
+            hook = getattr(handler, "on_reset", None)  # Horovod's handlers have none
+            if hook is not None:
+                hook()
         super().on_reset()
 
 
@@ -153,7 +177,11 @@ __all__ = [
     "ElasticSampler",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
+    "LRSchedulerStateHandler",
+    "ModelStateHandler",
     "ObjectState",
+    "OptimizerStateHandler",
+    "SamplerStateHandler",
     "State",
     "StateHandler",
     "TorchState",

@@ -9,11 +9,14 @@ prefix, so a round never mixes with the one before. Keys, all under ``elastic/``
   member of round ``r``; ``<r>/formed`` is set once all of round ``r`` is written.
 * ``<r>/ready/<worker>``: a worker asks to be in round ``r`` (after a failure, a change of
   hosts, or when it is new).
+* ``removed/<worker>``: the worker's host left the job (removed by discovery, or blacklisted
+  after a failure there); at its next re-formation it leaves cleanly (:class:`WorkerRemoved`).
 * ``hosts``: ``count,removed_only``: how often the hosts changed, and whether the last change
   only removed workers (then nobody needs the state sent again).
 
 A worker is named by ``HORA_ELASTIC_ID`` (``host:index``), which the launcher sets when it starts
-it. Worker side: :func:`join`, from ``hora.init()`` in the training thread.
+it. Worker side: :func:`join`, from ``hora.init()`` in the training thread. This module sits in
+the rendezvous layer: the core (worker side) and the elastic driver (launcher side) both use it.
 """
 
 from __future__ import annotations
@@ -30,8 +33,13 @@ from hora.settings import env_lookup
 
 log = logging.getLogger("hora.elastic")
 
+_SLACK = 10.0  # seconds a worker waits for a round beyond the launcher's --elastic-timeout
 ROUND = "elastic/round"
 HOSTS = "elastic/hosts"
+
+
+class WorkerRemoved(HoraInternalError):
+    """This worker's host left the elastic job; the worker should exit (with 0)."""
 
 
 def assign_key(r: int, worker: str) -> str:
@@ -44,6 +52,10 @@ def ready_key(r: int, worker: str) -> str:
 
 def formed_key(r: int) -> str:
     return f"elastic/{r}/formed"
+
+
+def removed_key(worker: str) -> str:
+    return f"elastic/removed/{worker}"
 
 
 def encode_assignment(slot: Any) -> bytes:
@@ -75,7 +87,9 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> tuple[Ident
     """This worker's identity in the newest round it belongs to that is after ``last_round``
     (-1: none yet), asking the launcher for a place in the next round when it has none.
 
-    Waits up to ``timeout`` seconds (``HOROVOD_ELASTIC_TIMEOUT``) for the launcher to form it.
+    Waits up to ``timeout`` seconds (``HOROVOD_ELASTIC_TIMEOUT``) for the launcher to form it,
+    and a little longer so that the launcher, which gives up first, says why;
+    raises :class:`WorkerRemoved` when the launcher took this worker's host out of the job.
     """
     from hora.rendezvous.client import StoreClient
 
@@ -88,16 +102,25 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> tuple[Ident
             f"elastic worker {worker}: the launcher's store address or secret is "
             "missing; start elastic jobs with `hora run --min-np/--max-np ...`"
         )
-    deadline = time.monotonic() + timeout
+    # a little longer than the launcher, which gives up first and says why
+    deadline = time.monotonic() + timeout + _SLACK
+    removed = WorkerRemoved(f"worker {worker} has been removed from elastic job")
     with StoreClient(addr, int(port), bytes.fromhex(secret), timeout=timeout) as store:
         target = last_round + 1
+        if store.check([removed_key(worker)]):
+            raise removed
         if target > 0:
             store.set(ready_key(target, worker), b"1")
         while True:
             left = deadline - time.monotonic()
             try:
-                store.wait([formed_key(target)], timeout=max(left, 0.1))
+                # short waits: a worker removed while it waits must learn of it
+                store.wait([formed_key(target)], timeout=max(min(left, 1.0), 0.1))
             except RendezvousError:
+                if store.check([removed_key(worker)]):
+                    raise removed from None
+                if time.monotonic() < deadline:
+                    continue
                 raise HoraInternalError(
                     f"elastic worker {worker}: the launcher formed no new round within "
                     f"{timeout:g}s (HOROVOD_ELASTIC_TIMEOUT)"
@@ -107,9 +130,13 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> tuple[Ident
             if store.check([key]):
                 fields = store.get(key).decode().split(",")
                 break
+            if store.check([removed_key(worker)]):
+                raise removed
             target = newest + 1  # formed without this worker: ask for the next one
             store.set(ready_key(target, worker), b"1")
     rank, size, local_rank, local_size, cross_rank, cross_size = (int(f) for f in fields[:6])
+    _export(rank, size, local_rank, local_size, cross_rank, cross_size)
+    log.info("elastic worker %s: round %d, rank %d of %d", worker, newest, rank, size)
     ident = Identity(
         rank=rank,
         size=size,
@@ -123,20 +150,11 @@ def join(env: Mapping[str, str], last_round: int, timeout: float) -> tuple[Ident
         secret=bytes.fromhex(secret),
         source="hora",
     )
-    _export(ident)
-    log.info("elastic worker %s: round %d, rank %d of %d", worker, newest, rank, size)
     return ident, newest
 
 
-def _export(ident: Identity) -> None:
+def _export(*values: int) -> None:
     """Rewrite the identity variables, as Horovod does after every reset."""
-    values = {
-        "RANK": ident.rank,
-        "SIZE": ident.size,
-        "LOCAL_RANK": ident.local_rank,
-        "LOCAL_SIZE": ident.local_size,
-        "CROSS_RANK": ident.cross_rank,
-        "CROSS_SIZE": ident.cross_size,
-    }
-    for key, value in values.items():
+    names = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
+    for key, value in zip(names, values):
         os.environ["HORA_" + key] = os.environ["HOROVOD_" + key] = str(value)

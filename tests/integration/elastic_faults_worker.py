@@ -1,0 +1,189 @@
+"""The training script of tests/integration/test_elastic_faults.py (run by `hora run`).
+
+It trains a 4-value "model" with plain NumPy on hora, one committed step at a time, and injects
+one fault once, in one phase, in one worker (``victim``). argv[1] is a JSON object:
+
+* ``phase``: ``start`` (before the first commit), ``step`` (between a step's allreduce and its
+  commit), ``allreduce`` (while an allreduce is in flight), ``sync`` (inside the state broadcast
+  after a reset), ``reform`` (inside the re-formation, after the worker got its new rank and
+  before its connections exist). ``sync`` and ``reform`` first add ``127.0.0.1:2`` at step 2 so
+  that a reset happens; the victim is then one of the new workers.
+* ``fault``: ``exception``, ``sigkill``, ``sigterm``, ``hosts`` (write ``hosts_after`` to
+  the discovery script's file: a host added or removed), or ``none``. ``victim`` ``*``: every
+  worker faults.
+* ``schedule`` (optional): ``{step: hosts}``, written to the discovery file at those steps;
+  ``settle`` (default true): hold the training until the job took in the hosts written;
+  ``late_start``: seconds the workers of 127.0.0.1 wait before ``hvd.init()``; ``linger``:
+  seconds every worker waits after training; ``progress``: a file rank 0 appends
+  ``step size`` to at every step.
+* ``steps``; ``dir``: where the markers go (``fired`` once the fault fired, ``t_fault``).
+
+At the end each worker prints ``DONE {json}``: its step, the committed-sample counter, the
+history of committed (step, size) pairs, its parameters, and its reset count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import hora as hvd
+from hora.elastic import ObjectState, run
+
+CFG = json.loads(sys.argv[1])
+ME = os.environ["HORA_ELASTIC_ID"]
+PHASE, FAULT, VICTIM, STEPS = CFG["phase"], CFG["fault"], CFG["victim"], CFG["steps"]
+DIR = CFG["dir"]
+BATCH, LR = 8, 0.01
+resumed: list[float] = []  # when the first step after each reset completed
+
+
+def _once(name: str) -> bool:
+    """True for the first caller in the whole job (a marker file made exclusively)."""
+    try:
+        os.close(os.open(os.path.join(DIR, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def maybe_fault(phase: str) -> None:
+    if phase != PHASE or FAULT == "none":
+        return
+    if VICTIM != "*" and (ME != VICTIM or not _once("fired")):
+        return
+    with open(os.path.join(DIR, "t_fault"), "w") as f:
+        f.write(repr(time.time()))
+    if FAULT == "exception":
+        raise RuntimeError(f"injected fault in {ME} ({phase})")
+    if FAULT == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if FAULT == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+    with open(CFG["hosts_file"], "w") as f:
+        f.write(CFG["hosts_after"])
+
+
+def maybe_add_host(step: int) -> None:
+    """The sync and reform phases need a reset with new workers: add 127.0.0.1:2. A
+    ``schedule`` ({step: hosts}) changes the hosts at those steps (rank 0, once each)."""
+    hosts = CFG.get("schedule", {}).get(str(step))
+    if hosts is not None and hvd.rank() == 0 and _once(f"schedule.{step}"):
+        with open(CFG["hosts_file"], "w") as f:
+            f.write(hosts)
+    if PHASE in ("sync", "reform") and step == 2 and ME == "localhost:0" and _once("added"):
+        with open(CFG["hosts_file"], "w") as f:
+            f.write("localhost:2\n127.0.0.1:2\n")
+
+
+if PHASE == "reform":  # fault inside the re-formation: after the rank, before the connections
+    from hora.core import runtime as _rt
+
+    _init = _rt.Runtime.__init__
+
+    def _reforming(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        maybe_fault("reform")
+        _init(self, *args, **kwargs)
+
+    _rt.Runtime.__init__ = _reforming  # type: ignore[method-assign]
+
+
+def _hosts_pending() -> bool:
+    """Rank 0: a host change was written that the job has not taken in yet (hold the training
+    until it has, so that a short job cannot end before discovery notices)."""
+    if not CFG.get("settle", True):
+        return False
+    fired = os.path.exists(os.path.join(DIR, "fired"))
+    if FAULT not in ("hosts", "none") and fired and not CFG.get("schedule"):
+        return False
+    with open(CFG["hosts_file"]) as f:
+        slots = sum(int(line.rsplit(":", 1)[1]) for line in f.read().split())
+    return min(slots, CFG["max_np"]) != hvd.size()
+
+
+def settle(state: ObjectState) -> None:
+    """Commit until the hosts written to the discovery file are the job's (at most 30 s)."""
+    deadline = time.monotonic() + 30
+    while hvd.broadcast_object(hvd.rank() == 0 and _hosts_pending(), 0, name="pending"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{ME}: the job did not take in the new hosts within 30 s")
+        time.sleep(0.1)
+        state.commit()
+
+
+class FaultyState(ObjectState):
+    def sync(self) -> None:
+        maybe_fault("sync")
+        super().sync()
+
+
+# the worker environment is Horovod's from the start (before hvd.init), as the launcher plans it
+_host, _index = ME.split("+")[0].rsplit(":", 1)
+for _name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+    if not os.environ.get("HOROVOD_" + _name, "").isdigit():
+        raise SystemExit(f"{ME}: HOROVOD_{_name} is not set at start")
+if os.environ.get("HOROVOD_HOSTNAME") != _host or os.environ["HOROVOD_LOCAL_RANK"] != _index:
+    raise SystemExit(f"{ME}: HOROVOD_HOSTNAME/HOROVOD_LOCAL_RANK do not name this slot")
+if ME.startswith("127.0.0.1"):
+    time.sleep(CFG.get("late_start", 0))  # a slow new host
+hvd.init()
+state = FaultyState(
+    hvd.broadcast_object, hvd.rank, step=0, samples=0, history=[], params=np.zeros(4)
+)
+resets: list[int] = []
+state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+if os.environ.get("HORA_SIZE") != str(hvd.size()) or os.environ.get("HOROVOD_HOSTNAME") is None:
+    raise SystemExit(f"{ME}: the worker environment does not match hvd.size() {hvd.size()}")
+
+
+@run
+def train(state: FaultyState) -> None:
+    if state.step == 0:
+        maybe_fault("start")
+    while state.step < STEPS:
+        maybe_add_host(state.step)
+        grad = np.array([state.step + 1, 1.0, 0.0, 0.0])
+        if state.step == 3 and PHASE == "allreduce":
+            handle = hvd.allreduce_async(grad, op=hvd.Sum, name="grad")
+            maybe_fault("allreduce")
+            out = hvd.synchronize(handle)
+        else:
+            out = hvd.allreduce(grad, op=hvd.Sum, name="grad")
+        if hvd.rank() == 0 and CFG.get("progress"):
+            with open(CFG["progress"], "a") as f:
+                f.write(f"{state.step} {hvd.size()}\n")
+        if len(resumed) < len(resets):
+            resumed.append(time.time())
+        size = int(out[1])
+        state.params = state.params - LR * out[0] / size  # every rank adds step + 1
+        state.samples += BATCH * size
+        state.step += 1
+        state.history = [*state.history, (state.step, size)]
+        if state.step == 4:
+            maybe_fault("step")
+        time.sleep(0.1)
+        state.commit()
+        settle(state)
+
+
+train(state)
+time.sleep(CFG.get("linger", 0))  # time for the launcher to start workers that come too late
+report = {
+    "id": ME,
+    "rank": hvd.rank(),
+    "size": hvd.size(),
+    "step": state.step,
+    "samples": state.samples,
+    "history": state.history,
+    "params": state.params.tolist(),
+    "resets": len(resets),
+    "resumed": resumed,
+}
+print("DONE " + json.dumps(report), flush=True)
+hvd.shutdown()
