@@ -52,15 +52,21 @@ def unavailable_reason() -> str | None:
 
 class Cluster:
     unreachable_host = "hostUnreachable"
+    _made = 0  # clusters made by this process: each gets names and a subnet of its own
 
     def __init__(self, names: list[str], workdir: Path):
-        tag = os.getpid() % 200 + 20
+        Cluster._made += 1
+        serial = Cluster._made % 10
+        pid = os.getpid()
+        tag = (pid + 17 * serial) % 200 + 20
         self.names = names
         self.workdir = workdir
         self.subnet = f"10.77.{tag}"
         self.launcher_address = f"{self.subnet}.1"
-        self.bridge = f"hbr{os.getpid() % 100000}"
-        self.namespaces = {n: f"hora-{os.getpid()}-{i}" for i, n in enumerate(names)}
+        # a namespace whose last process is still exiting outlives `ip netns del` with its
+        # veth, so a later cluster of the same process must not reuse the names
+        self.bridge = f"hbr{pid % 100000}{serial}"
+        self.namespaces = {n: f"hora-{pid}-{serial}-{i}" for i, n in enumerate(names)}
         self.addresses = {n: f"{self.subnet}.{i + 2}" for i, n in enumerate(names)}
         self.ssh_config = workdir / "ssh_config"
         self._sshd: list[subprocess.Popen[bytes]] = []
@@ -165,6 +171,9 @@ class Cluster:
         for proc in self._sshd:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+        deadline = time.monotonic() + 10  # let killed processes leave their namespaces
+        while time.monotonic() < deadline and any(self.processes(n) for n in self.names):
+            time.sleep(0.1)
         for ns in self.namespaces.values():
             _ip("netns", "del", ns, check=False)
         _ip("link", "del", self.bridge, check=False)

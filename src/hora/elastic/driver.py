@@ -174,7 +174,7 @@ class ElasticJob(Job):
             }
         )
         self._out, self._err = ConsoleSink(sys.stdout), ConsoleSink(sys.stderr)
-        with StoreClient("127.0.0.1", self.port, self.secret) as store:
+        with StoreClient(self.store_address, self.port, self.secret) as store:
             self._store = store
             started = [self._start(slot) for slot in self.slots]
             self._form(0, started)

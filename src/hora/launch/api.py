@@ -37,7 +37,7 @@ def run_on_job(
     payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
     count = config.np
     timeout = config.start_timeout
-    with job, StoreClient("127.0.0.1", job.port, job.secret, timeout=timeout) as store:
+    with job, StoreClient(job.store_address, job.port, job.secret, timeout=timeout) as store:
         store.set(FUNC_KEY, payload)
         code = job.run()
         if elastic:  # the ranks of the last round; each of them stored the round's size

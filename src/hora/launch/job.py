@@ -64,6 +64,7 @@ class Job:
         self.slots: list[SlotInfo] = assign_ranks(config.host_list(), config.np)
         self.secret = os.urandom(32)
         self.port = 0
+        self.store_address = "127.0.0.1"
         self.workers: list[Worker] = []
         self._server: RendezvousServer | None = None
         self._preflight: Preflight | None = None
@@ -95,6 +96,8 @@ class Job:
             self.secret, host=bind, port=0, handshake_timeout=settings.handshake_timeout_seconds
         )
         self.port = server.start()
+        # where the launcher's own clients (hora.run, the elastic driver) reach the store
+        self.store_address = "127.0.0.1" if bind == "0.0.0.0" else bind
         self._server = server
         if not self.open_ended and self.config.backend != "mpi":  # _wait records each exit
             server.put(DEPARTURES_REPORTED, b"1")
