@@ -1,0 +1,79 @@
+"""TensorFlow tensors in and out of the op surface: one bridge for eager mode and tf.function.
+
+Every collective runs as a ``tf.numpy_function`` marked stateful: in eager mode it runs at once;
+inside ``tf.function`` it becomes one graph node that calls the op surface when the graph runs.
+``numpy_function`` hands the node NumPy arrays that alias the input tensors' CPU buffers (no copy
+on the way in; hora only reads them) and turns the returned arrays into tensors. Being stateful,
+the nodes of one graph run in program order (TensorFlow's automatic control dependencies), so
+every rank submits its collectives in the same order and unnamed ops get the same names.
+
+``bridge`` runs in the caller's thread (eager) or in a TensorFlow executor thread (graph); the
+wrapped function blocks that thread until the collective is done. Thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+SUPPORTED = frozenset(
+    {
+        tf.uint8,
+        tf.int8,
+        tf.uint16,
+        tf.int16,
+        tf.int32,
+        tf.int64,
+        tf.float16,
+        tf.bfloat16,
+        tf.float32,
+        tf.float64,
+        tf.bool,
+    }
+)
+
+
+def as_tensor(value: Any, what: str = "tensor") -> tf.Tensor:
+    """``value`` (a tensor, variable, array or number) as a dense tensor of a wire dtype."""
+    if isinstance(value, tf.IndexedSlices):
+        raise TypeError(f"{what} is a tf.IndexedSlices; this op needs a dense tensor")
+    t = tf.convert_to_tensor(value)
+    if t.dtype not in SUPPORTED:
+        raise TypeError(f"Tensor type {t.dtype.name} is not supported.")
+    return t
+
+
+def bridge(
+    fn: Callable[..., Any],
+    inputs: Sequence[tf.Tensor],
+    tout: Sequence[tf.DType],
+    shapes: Sequence[Any],
+    what: str,
+) -> list[tf.Tensor]:
+    """Run ``fn(*arrays) -> arrays`` as one TensorFlow op; outputs get ``shapes`` (None: unknown).
+
+    ``fn`` returns one array per entry of ``tout``, each of that dtype.
+    """
+
+    def call(*arrays: np.ndarray) -> list[np.ndarray]:
+        outs = fn(*arrays)
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, tout)]
+
+    outs = tf.numpy_function(call, list(inputs), list(tout), stateful=True, name=f"Hora{what}")
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for o, s in zip(outs, shapes):
+        if s is not None:
+            o.set_shape(s)
+    return outs
+
+
+def rows_unknown(shape: tf.TensorShape) -> tf.TensorShape:
+    """``shape`` with an unknown first dimension (the result of a gather or an exchange)."""
+    if shape.rank is None:
+        return shape
+    if shape.rank == 0:
+        return tf.TensorShape([None])
+    return tf.TensorShape([None]).concatenate(shape[1:])
