@@ -1,7 +1,10 @@
 """TensorFlow tensors in and out of the op surface: one bridge for eager mode and tf.function.
 
-Every collective runs as a ``tf.numpy_function`` marked stateful: in eager mode it runs at once;
-inside ``tf.function`` it becomes one graph node that calls the op surface when the graph runs.
+In eager mode a collective calls the op surface directly on the tensors' NumPy values, so its
+errors keep their Python types (``ValueError``, ``HorovodInternalError``). Inside
+``tf.function`` it is one ``tf.numpy_function`` node, marked stateful, that calls the op surface
+when the graph runs (an error there surfaces as TensorFlow's ``UnknownError`` carrying hora's
+message).
 ``numpy_function`` hands the node NumPy arrays that alias the input tensors' CPU buffers (no copy
 on the way in; hora only reads them) and turns the returned arrays into tensors. Being stateful,
 the nodes of one graph run in program order (TensorFlow's automatic control dependencies), so
@@ -18,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from hora.errors import HoraInternalError
 
 SUPPORTED = frozenset(
     {
@@ -59,8 +64,17 @@ def bridge(
     """
 
     def call(*arrays: np.ndarray) -> list[np.ndarray]:
-        outs = fn(*arrays)
+        try:
+            outs = fn(*arrays)
+        except HoraInternalError:
+            raise
+        except RuntimeError as e:  # a failed collective: Horovod's error type
+            raise HoraInternalError(str(e)) from e
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, tout)]
+
+    if tf.executing_eagerly():
+        results = call(*[t.numpy() for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(results, tout)]
 
     outs = tf.numpy_function(call, list(inputs), list(tout), stateful=True, name=f"Hora{what}")
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
