@@ -375,14 +375,17 @@ def broadcast_(
 
     All variables travel in one grouped op per dtype-independent batch; returns the variables.
     """
-    single = isinstance(variables, tf.Variable)
+    single = hasattr(variables, "assign")  # tf.Variable, or a Keras 3 Variable
     vs = [variables] if single else list(variables)
     if not vs:
         return vs
     for i, v in enumerate(vs):
-        if not isinstance(v, tf.Variable):
-            raise TypeError(f"broadcast_ needs tf.Variable objects; item {i} is {type(v).__name__}")
-    values = _broadcast_group([v.value() for v in vs], int(root_rank), name, process_set)
+        if not hasattr(v, "assign"):
+            raise TypeError(f"broadcast_ needs variables; item {i} is a {type(v).__name__}")
+    values = _broadcast_group(
+        [as_tensor(v, f"variables[{i}]") for i, v in enumerate(vs)], int(root_rank), name,
+        process_set,
+    )  # fmt: skip
     for v, val in zip(vs, values):
         v.assign(val)
     return variables
