@@ -182,6 +182,36 @@ def check_standalone_keras_module(ctx: dict[str, Any], r: int, n: int) -> None:
     assert float(np.abs(everyone).max()) == 0.0
 
 
+def check_sync_batch_normalization(ctx: dict[str, Any], r: int, n: int) -> None:
+    """Global-batch statistics, ranks of uneven batches: equal to BatchNormalization (and its
+    gradient) on the concatenated batch."""
+    keras, tf, hvd_tf = ctx["keras"], ctx["tf"], ctx["hvd_tf"]
+    rng = np.random.default_rng(5)
+    xs = [rng.normal(size=(k + 2, 3)).astype(np.float32) * (k + 1) for k in range(n)]
+    ws = [rng.normal(size=(k + 2, 3)).astype(np.float32) for k in range(n)]
+    start = sum(len(x) for x in xs[:r])
+
+    def run(layer: Any, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            y = layer(xt, training=True)
+            loss = tf.reduce_sum(y * w)
+        return y.numpy(), tape.gradient(loss, xt).numpy()
+
+    ref = keras.layers.BatchNormalization(momentum=0.5)
+    want_y, want_g = run(ref, np.concatenate(xs), np.concatenate(ws))
+    layer = hvd_tf.SyncBatchNormalization(momentum=0.5)
+    y, g = run(layer, xs[r], ws[r])
+    mine = slice(start, start + len(xs[r]))
+    np.testing.assert_allclose(y, want_y[mine], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g, want_g[mine], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(layer.moving_mean), np.asarray(ref.moving_mean),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    y2 = tf.function(lambda x: layer(x, training=True))(tf.constant(xs[r]))
+    np.testing.assert_allclose(y2.numpy(), want_y[mine], rtol=1e-4, atol=1e-4)
+
+
 CHECKS = {name: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 

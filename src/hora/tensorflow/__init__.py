@@ -75,17 +75,19 @@ from hora.tensorflow.mpi_ops import (
     reducescatter,
     size_op,
 )
+from hora.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
     "HoraInternalError", "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min",
-    "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_object",
-    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables",
-    "broadcast_object", "broadcast_object_fn", "broadcast_variables", "ccl_built", "cross_rank",
-    "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
-    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous",
-    "is_initialized", "join", "local_rank", "local_rank_op", "local_size", "local_size_op",
-    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
-    "process_set_included_op", "rank", "rank_op", "reducescatter", "remove_process_set",
-    "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline",
+    "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set", "allgather",
+    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
+    "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "broadcast_variables",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set",
+    "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce",
+    "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
+    "local_rank_op", "local_size", "local_size_op", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "process_set_included_op", "rank", "rank_op",
+    "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "size_op",
+    "start_timeline", "stop_timeline",
 ]  # fmt: skip
