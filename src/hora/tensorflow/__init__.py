@@ -41,6 +41,7 @@ from hora import (
     stop_timeline,
 )
 from hora.errors import HoraInternalError, HorovodInternalError, HostsUpdatedInterrupt
+from hora.tensorflow import elastic as elastic  # hvd.elastic
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import (
     allgather_object,
@@ -78,10 +79,10 @@ from hora.tensorflow.mpi_ops import (
 from hora.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer",
-    "HoraInternalError", "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min",
-    "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set", "allgather",
-    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
+    "Adasum", "Average", "elastic", "Compression", "DistributedGradientTape",
+    "DistributedOptimizer", "HoraInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set",
+    "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
     "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "broadcast_variables",
     "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set",
     "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce",

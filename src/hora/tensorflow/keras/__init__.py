@@ -31,6 +31,7 @@ from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import allgather_object, broadcast_object
 from hora.tensorflow.keras import callbacks as callbacks
+from hora.tensorflow.keras import elastic as elastic  # hvd.elastic
 from hora.tensorflow.keras._impl import (
     allgather,
     allreduce,
@@ -49,9 +50,9 @@ def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any
 
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedOptimizer", "Max", "Min", "ProcessSet",
-    "Product", "Sum", "add_process_set", "allgather", "allgather_object", "allreduce", "broadcast",
-    "broadcast_global_variables", "broadcast_object", "callbacks", "cross_rank", "cross_size",
-    "global_process_set", "init", "is_initialized", "load_model", "local_rank", "local_size",
-    "rank", "reducescatter", "remove_process_set", "shutdown", "size",
+    "Adasum", "Average", "elastic", "Compression", "DistributedOptimizer", "Max", "Min",
+    "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_object",
+    "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks",
+    "cross_rank", "cross_size", "global_process_set", "init", "is_initialized", "load_model",
+    "local_rank", "local_size", "rank", "reducescatter", "remove_process_set", "shutdown", "size",
 ]  # fmt: skip
