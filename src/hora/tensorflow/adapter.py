@@ -5,8 +5,9 @@ errors keep their Python types (``ValueError``, ``HorovodInternalError``). Insid
 ``tf.function`` it is one ``tf.numpy_function`` node, marked stateful, that calls the op surface
 when the graph runs (an error there surfaces as TensorFlow's ``UnknownError`` carrying hora's
 message).
-``numpy_function`` hands the node NumPy arrays that alias the input tensors' CPU buffers (no copy
-on the way in; hora only reads them) and turns the returned arrays into tensors. Being stateful,
+Inputs reach the op surface as NumPy views of the tensors' CPU buffers (no copy; hora only reads
+them); in eager mode results become tensors through DLPack (no copy either), in a graph
+``numpy_function`` copies them into TensorFlow's buffers. Being stateful,
 the nodes of one graph run in program order (TensorFlow's automatic control dependencies), so
 every rank submits its collectives in the same order and unnamed ops get the same names.
 
@@ -72,9 +73,9 @@ def bridge(
             raise HoraInternalError(str(e)) from e
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, tout)]
 
-    if tf.executing_eagerly():
-        results = call(*[t.numpy() for t in inputs])
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(results, tout)]
+    if tf.executing_eagerly():  # np.asarray views the tensor's buffer (.numpy() copies)
+        results = call(*[np.asarray(t) for t in inputs])
+        return [to_tensor(o, d) for o, d in zip(results, tout)]
 
     outs = tf.numpy_function(call, list(inputs), list(tout), stateful=True, name=f"Hora{what}")
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -82,6 +83,17 @@ def bridge(
         if s is not None:
             o.set_shape(s)
     return outs
+
+
+def to_tensor(array: np.ndarray, dtype: tf.DType) -> tf.Tensor:
+    """``array`` as an eager tensor, sharing its memory through DLPack where it can (the op
+    surface's results are fresh arrays that nothing else writes), else copied."""
+    if array.size and array.flags.c_contiguous and array.flags.writeable:
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except Exception:  # a dtype or layout DLPack does not carry: copy
+            pass
+    return tf.convert_to_tensor(array, dtype=dtype)
 
 
 def rows_unknown(shape: tf.TensorShape) -> tf.TensorShape:
