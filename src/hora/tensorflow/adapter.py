@@ -85,10 +85,27 @@ def bridge(
     return outs
 
 
+ALIGN = 64  # bytes: the alignment TensorFlow's CPU kernels check
+
+
+def aligned_empty(like: np.ndarray) -> np.ndarray:
+    """An uninitialised array shaped and typed like ``like`` whose buffer is ALIGN-aligned, for
+    results that ``to_tensor`` can then hand to TensorFlow without a copy."""
+    nbytes = max(like.nbytes, 1)
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + like.nbytes].view(like.dtype).reshape(like.shape)
+
+
 def to_tensor(array: np.ndarray, dtype: tf.DType) -> tf.Tensor:
-    """``array`` as an eager tensor, sharing its memory through DLPack where it can (the op
-    surface's results are fresh arrays that nothing else writes), else copied."""
-    if array.size and array.flags.c_contiguous and array.flags.writeable:
+    """``array`` as an eager tensor, sharing its memory through DLPack where it can (an
+    aligned result array that nothing else writes), else copied."""
+    if (
+        array.size
+        and array.flags.c_contiguous
+        and array.flags.writeable
+        and array.ctypes.data % ALIGN == 0  # TensorFlow's kernels need aligned buffers
+    ):
         try:
             return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
         except Exception:  # a dtype or layout DLPack does not carry: copy

@@ -27,7 +27,7 @@ import tensorflow as tf
 from hora import global_process_set
 from hora.frameworks import ops
 from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum
-from hora.tensorflow.adapter import as_tensor, bridge, rows_unknown
+from hora.tensorflow.adapter import aligned_empty, as_tensor, bridge, rows_unknown
 from hora.tensorflow.compression import Compression
 
 ProcessSet = Any  # hora.ProcessSet; None means the global set
@@ -69,9 +69,10 @@ def _allreduce_raw(
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         kw = dict(name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
+        outs = [aligned_empty(a) for a in arrays]  # the engine writes the results here
         if grouped:
-            return list(ops.grouped_allreduce(list(arrays), **kw))
-        return [ops.allreduce(arrays[0], **kw)]
+            return list(ops.grouped_allreduce(list(arrays), outputs=outs, **kw))
+        return [ops.allreduce(arrays[0], output=outs[0], **kw)]
 
     what = "GroupedAllreduce" if grouped else "Allreduce"
     return bridge(fn, ts, [t.dtype for t in ts], [t.shape for t in ts], what)
@@ -91,7 +92,7 @@ def _allgather_raw(ts: list[tf.Tensor], name: str | None, ps: ProcessSet) -> lis
 
 def _broadcast_raw(t: tf.Tensor, root: int, name: str | None, ps: ProcessSet) -> tf.Tensor:
     def fn(a: np.ndarray) -> list[np.ndarray]:
-        return [ops.broadcast(a, root, name=name, process_set=ps)]
+        return [ops.broadcast(a, root, name=name, process_set=ps, output=aligned_empty(a))]
 
     return bridge(fn, [t], [t.dtype], [t.shape], "Broadcast")[0]
 
