@@ -212,6 +212,19 @@ def check_sync_batch_normalization(ctx: dict[str, Any], r: int, n: int) -> None:
     np.testing.assert_allclose(y2.numpy(), want_y[mine], rtol=1e-4, atol=1e-4)
 
 
+def check_best_model_checkpoint(ctx: dict[str, Any], r: int, n: int) -> None:
+    keras, hvd = ctx["keras"], ctx["hvd"]
+    x, y = data(n)
+    model = model_of(keras, seed=4)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    path = os.path.join(tempfile.mkdtemp(), "best.keras")
+    callbacks = [hvd.callbacks.BestModelCheckpoint(monitor="loss", filepath=path)] if r == 0 else []
+    model.fit(x[r::n], y[r::n], batch_size=BATCH, epochs=2, verbose=0, callbacks=callbacks)
+    if r == 0:
+        assert os.path.isfile(path)
+        assert callbacks[0].save_best_only
+
+
 CHECKS = {name: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 

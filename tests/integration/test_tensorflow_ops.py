@@ -296,6 +296,48 @@ def check_variables_and_tape_step(tf: Any, hvd: Any, r: int, n: int) -> None:
         assert all(e == everyone[0] for e in everyone), everyone
 
 
+def check_tape_options(tf: Any, hvd: Any, r: int, n: int) -> None:
+    """Groups, num_groups, gradient_predivide_factor, fp16 and Sum give the expected gradients;
+    a bad combination raises at once."""
+    a = tf.Variable(np.ones((2, 2), np.float32))
+    b = tf.Variable(np.ones((3,), np.float32))
+    c = tf.Variable(np.ones((), np.float32))
+    mean = sum(k + 1 for k in range(n)) / n
+    options: list[dict[str, Any]] = [
+        {"num_groups": 2}, {"groups": [[a, c]]}, {"groups": 3},
+        {"gradient_predivide_factor": 2.0}, {"compression": hvd.Compression.fp16},
+        {"op": hvd.Sum},
+    ]  # fmt: skip
+    for kw in options:
+        def grads(kw: dict[str, Any] = kw) -> Any:
+            with tf.GradientTape() as tape:
+                loss = (r + 1) * (tf.reduce_sum(a) + 2 * tf.reduce_sum(b) + 3 * c)
+            return hvd.DistributedGradientTape(tape, **kw).gradient(loss, [a, b, c])
+
+        want = mean * (n if kw.get("op") == hvd.Sum else 1)
+        for ga, gb, gc in both_modes(tf, grads):
+            close(ga, np.full((2, 2), want), 1e-3)
+            close(gb, np.full((3,), 2 * want), 1e-3)
+            close(gc, 3 * want, 1e-3)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        with tf.GradientTape() as tape:
+            pass
+        hvd.DistributedGradientTape(tape, op=hvd.Sum, gradient_predivide_factor=2.0)
+
+
+def check_adasum(tf: Any, hvd: Any, r: int, n: int) -> None:
+    if n & (n - 1):
+        with pytest.raises((ValueError, hvd.HorovodInternalError), match="power"):
+            hvd.allreduce(tf.ones([4]), op=hvd.Adasum)
+        return
+    same = hvd.allreduce(tf.constant([1.0, 2.0, 3.0, 4.0]), op=hvd.Adasum)
+    close(same, [1.0, 2.0, 3.0, 4.0])  # equal vectors: Adasum gives the vector itself
+    basis = np.eye(n, 4, dtype=np.float32)[r]
+    close(hvd.allreduce(tf.constant(basis), op=hvd.Adasum), np.eye(n, 4).sum(0))  # orthogonal
+    with pytest.raises(TypeError, match="floating"):
+        hvd.allreduce(tf.constant([1, 2]), op=hvd.Adasum)
+
+
 CHECKS = {name: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 
