@@ -1,6 +1,7 @@
 """The TensorFlow examples end to end under ``hora run -np 2``: the GradientTape loop and the
 Keras ``fit`` with Horovod's callbacks must print Horovod's lines and learn the digits (no MNIST
-files here, so they train on scikit-learn's digits)."""
+files here, so they train on scikit-learn's digits); the synthetic benchmark, under hora and
+under MultiWorkerMirroredStrategy, must print Horovod's throughput lines."""
 
 from __future__ import annotations
 
@@ -48,3 +49,16 @@ def test_tensorflow2_keras_mnist_fit_with_callbacks(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "ck").iterdir())[-1] == "checkpoint-4.keras"
     accuracy = re.search(r"Test accuracy: (\d+\.\d\d)%", out)
     assert accuracy and float(accuracy.group(1)) >= 90.0, out[-2000:]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("extra", [["--fp16-allreduce"], ["--mwms"]], ids=["hora", "mwms"])
+def test_tensorflow2_synthetic_benchmark_prints_horovods_lines(extra: list[str]) -> None:
+    out = hora_run(2, "tensorflow2_synthetic_benchmark.py", "--model", "mlp", "--batch-size",
+                   "8", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+                   "--num-iters", "2", *extra, timeout=180)  # fmt: skip
+    assert "Model: mlp" in out and "Number of CPUs: 2" in out
+    assert ("MultiWorkerMirroredStrategy" in out) == ("--mwms" in extra)
+    assert len(re.findall(r"Iter #\d+: \d+\.\d img/sec per CPU", out)) == 2
+    total = re.search(r"Total img/sec on 2 CPU\(s\): (\d+\.\d) \+-\d+\.\d", out)
+    assert total and float(total.group(1)) > 0

@@ -225,6 +225,20 @@ def check_best_model_checkpoint(ctx: dict[str, Any], r: int, n: int) -> None:
         assert callbacks[0].save_best_only
 
 
+def check_tensorflow_distributed_optimizer(ctx: dict[str, Any], r: int, n: int) -> None:
+    """``hora.tensorflow.DistributedOptimizer`` (Horovod's TF signature) wraps Keras
+    optimizers and refuses TensorFlow 1 ones."""
+    keras, tf, hvd_tf = ctx["keras"], ctx["tf"], ctx["hvd_tf"]
+    opt = hvd_tf.DistributedOptimizer(keras.optimizers.SGD(0.1), None, False, "", "",
+                                      hvd_tf.Compression.none, False, 1, hvd_tf.Sum)  # fmt: skip
+    v = tf.Variable([1.0, 1.0])
+    opt.apply_gradients([(tf.constant([float(r), 1.0]), v)])
+    want = 1.0 - 0.1 * np.array([sum(range(n)), n])
+    np.testing.assert_allclose(v.numpy(), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="Keras optimizer"):
+        hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+
+
 CHECKS = {name: fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 

@@ -50,8 +50,7 @@ from hora.tensorflow.functions import (
     broadcast_object_fn,
     broadcast_variables,
 )
-from hora.tensorflow.gradients import DistributedGradientTape
-from hora.tensorflow.keras.optimizer import DistributedOptimizer
+from hora.tensorflow.gradients import DistributedGradientTape, DistributedOptimizer
 from hora.tensorflow.mpi_ops import (
     Adasum,
     Average,
