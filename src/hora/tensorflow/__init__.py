@@ -50,7 +50,10 @@ from hora.tensorflow.functions import (
     broadcast_object_fn,
     broadcast_variables,
 )
-from hora.tensorflow.gradients import DistributedGradientTape, DistributedOptimizer
+from hora.tensorflow.gradients import DistributedGradientTape
+from hora.tensorflow.keras.optimizer import (
+    TensorFlowDistributedOptimizer as DistributedOptimizer,
+)
 from hora.tensorflow.mpi_ops import (
     Adasum,
     Average,

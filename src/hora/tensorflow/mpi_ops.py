@@ -101,7 +101,8 @@ def _alltoall_raw(
     t: tf.Tensor, splits: tf.Tensor | None, name: str | None, ps: ProcessSet
 ) -> tuple[tf.Tensor, tf.Tensor]:
     def fn(a: np.ndarray, *sp: np.ndarray) -> list[np.ndarray]:
-        out, received = ops.alltoall(a, sp[0] if sp else None, name=name, process_set=ps)
+        handle = ops.alltoall_async(a, sp[0] if sp else None, name=name, process_set=ps)
+        out, received = ops.synchronize(handle)  # the pair, with or without splits
         return [out, np.asarray(received, dtype=np.int32)]
 
     inputs = [t] if splits is None else [t, splits]

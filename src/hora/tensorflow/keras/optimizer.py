@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import tensorflow as tf
+
 from hora import global_process_set
 from hora.frameworks.ops import Average
 from hora.tensorflow.compression import Compression
@@ -119,3 +121,39 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         scale = 1.0 if average_aggregated_gradients else float(backward_passes_per_step)
     fresh = base.from_config(config)
     return make_distributed(fresh, reducer, scale)
+
+
+def TensorFlowDistributedOptimizer(  # noqa: N802 - Horovod's name
+    optimizer: Any,
+    name: str | None = None,
+    use_locking: bool = False,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    backward_passes_per_step: int = 1,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: Any = global_process_set,
+) -> Any:
+    """``horovod.tensorflow.DistributedOptimizer``: for a Keras optimizer, the Keras
+    ``DistributedOptimizer``; TensorFlow 1 optimizers (``tf.compat.v1.train``) are not
+    supported (use ``DistributedGradientTape`` or a Keras optimizer)."""
+    if not hasattr(optimizer, "get_config") or isinstance(
+        optimizer, tf.compat.v1.train.Optimizer
+    ):
+        raise ValueError(
+            f"hora.tensorflow.DistributedOptimizer needs a Keras optimizer, got "
+            f"{type(optimizer).__name__}; TensorFlow 1 optimizers are not supported: use "
+            "hvd.DistributedGradientTape or a tf.keras optimizer"
+        )
+    return DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+        groups=groups, process_set=process_set,
+    )  # fmt: skip
