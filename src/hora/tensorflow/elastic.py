@@ -37,6 +37,14 @@ def _is_hora_failure(error: tf.errors.OpError) -> bool:
     return "HoraInternalError" in str(error.message)
 
 
+def _hora_message(text: str) -> str:
+    """hora's own message out of TensorFlow's report (which wraps it in a graph trace)."""
+    for line in text.splitlines():
+        if "HoraInternalError: " in line:
+            return line.split("HoraInternalError: ", 1)[1].strip()
+    return text.strip().splitlines()[0] if text.strip() else "a collective failed"
+
+
 def run(func: F) -> F:
     """Run ``func(state, *args, **kwargs)`` until it returns, recovering from lost workers
     (see ``hora.elastic.run``); TensorFlow's report of a failed collective counts too."""
@@ -47,7 +55,7 @@ def run(func: F) -> F:
             return func(state, *args, **kwargs)
         except tf.errors.OpError as e:
             if _is_hora_failure(e):
-                raise HoraInternalError(str(e.message).split("\n", 1)[0]) from e
+                raise HoraInternalError(_hora_message(str(e.message))) from e
             raise
 
     return _run(translated)  # type: ignore[return-value]
