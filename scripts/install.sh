@@ -29,6 +29,7 @@ PY=${PYTHON:-python3}
 torch_index=()
 [ -n "${HORA_TORCH_INDEX_URL:-}" ] && torch_index=(--index-url "$HORA_TORCH_INDEX_URL")
 $PY -m pip install -q "${torch_index[@]}" "torch==2.13.0"
-extras="torch,lab,bf16,dev"
+# TensorFlow (CPU build; tf-keras for the Keras 2 world) for hora.tensorflow and its tests.
+extras="torch,lab,bf16,tensorflow,dev"
 command -v mpicc >/dev/null && extras="$extras,mpi"
 $PY -m pip install -q -e ".[${extras}]"

@@ -1,0 +1,57 @@
+"""``import hora.keras as hvd``: Horovod's ``horovod.keras`` on hora, for the ``keras`` package.
+
+The same API as ``hora.tensorflow.keras`` (``DistributedOptimizer``, ``hvd.callbacks``,
+``load_model``, the Keras-level collectives), bound to ``import keras`` (Keras 3 on TensorFlow)
+instead of ``tf.keras``. Call from the training thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hora import (
+    ProcessSet,
+    add_process_set,
+    cross_rank,
+    cross_size,
+    global_process_set,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    remove_process_set,
+    shutdown,
+    size,
+)
+from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum
+from hora.keras import callbacks as callbacks
+from hora.keras import elastic as elastic  # hvd.elastic
+from hora.tensorflow.compression import Compression
+from hora.tensorflow.functions import allgather_object, broadcast_object
+from hora.tensorflow.keras._impl import (
+    allgather,
+    allreduce,
+    broadcast,
+    broadcast_global_variables,
+    reducescatter,
+)
+from hora.tensorflow.keras._impl import load_model as _load_model
+from hora.tensorflow.keras.optimizer import DistributedOptimizer
+
+
+def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
+               compression: Any = Compression.none) -> Any:  # fmt: skip
+    """``keras.models.load_model`` whose optimizer comes back distributed, state kept."""
+    import keras
+
+    return _load_model(keras, filepath, custom_optimizers, custom_objects, compression)
+
+
+__all__ = [
+    "Adasum", "Average", "elastic", "Compression", "DistributedOptimizer", "Max", "Min",
+    "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_object",
+    "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks",
+    "cross_rank", "cross_size", "global_process_set", "init", "is_initialized", "load_model",
+    "local_rank", "local_size", "rank", "reducescatter", "remove_process_set", "shutdown", "size",
+]  # fmt: skip

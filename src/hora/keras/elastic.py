@@ -1,0 +1,34 @@
+"""``hvd.elastic`` for ``hora.keras``: ``KerasState``, the elastic callbacks bound to the
+``keras`` package, and ``run``. See ``hora.tensorflow.elastic``."""
+
+from __future__ import annotations
+
+import keras
+
+from hora.tensorflow import elastic as _e
+from hora.tensorflow.elastic import ObjectState, State, TensorFlowKerasState, run
+
+_Callback = keras.callbacks.Callback
+
+
+class KerasState(TensorFlowKerasState):
+    """Elastic state of a Keras model, its optimizer and plain values:
+    ``KerasState(model, optimizer=None, **kwargs)``."""
+
+
+class CommitStateCallback(_e.CommitStateCallbackImpl, _Callback):
+    __doc__ = _e.CommitStateCallbackImpl.__doc__
+
+
+class UpdateBatchStateCallback(_e.UpdateBatchStateCallbackImpl, _Callback):
+    __doc__ = _e.UpdateBatchStateCallbackImpl.__doc__
+
+
+class UpdateEpochStateCallback(_e.UpdateEpochStateCallbackImpl, _Callback):
+    __doc__ = _e.UpdateEpochStateCallbackImpl.__doc__
+
+
+__all__ = [
+    "CommitStateCallback", "KerasState", "ObjectState", "State", "TensorFlowKerasState",
+    "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run",
+]  # fmt: skip

@@ -1,0 +1,58 @@
+"""``import hora.tensorflow.keras as hvd``: Horovod's ``horovod.tensorflow.keras`` on hora.
+
+The lifecycle and topology calls, ``DistributedOptimizer``, the callbacks (``hvd.callbacks``),
+``load_model``, and Keras-level ``allreduce``/``allgather``/``broadcast``/``reducescatter`` that
+take and return values (NumPy). Works with whatever ``tf.keras`` is: Keras 3 by default, tf_keras
+with ``TF_USE_LEGACY_KERAS=1``. Call from the training thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from hora import (
+    ProcessSet,
+    add_process_set,
+    cross_rank,
+    cross_size,
+    global_process_set,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    remove_process_set,
+    shutdown,
+    size,
+)
+from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum
+from hora.tensorflow.compression import Compression
+from hora.tensorflow.functions import allgather_object, broadcast_object
+from hora.tensorflow.keras import callbacks as callbacks
+from hora.tensorflow.keras import elastic as elastic  # hvd.elastic
+from hora.tensorflow.keras._impl import (
+    allgather,
+    allreduce,
+    broadcast,
+    broadcast_global_variables,
+    reducescatter,
+)
+from hora.tensorflow.keras._impl import load_model as _load_model
+from hora.tensorflow.keras.optimizer import DistributedOptimizer
+
+
+def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
+               compression: Any = Compression.none) -> Any:  # fmt: skip
+    """``tf.keras.models.load_model`` whose optimizer comes back distributed, state kept."""
+    return _load_model(tf.keras, filepath, custom_optimizers, custom_objects, compression)
+
+
+__all__ = [
+    "Adasum", "Average", "elastic", "Compression", "DistributedOptimizer", "Max", "Min",
+    "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_object",
+    "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks",
+    "cross_rank", "cross_size", "global_process_set", "init", "is_initialized", "load_model",
+    "local_rank", "local_size", "rank", "reducescatter", "remove_process_set", "shutdown", "size",
+]  # fmt: skip
