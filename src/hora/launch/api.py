@@ -44,7 +44,7 @@ def run_on_job(
             size_raw = store.get(SIZE_KEY, timeout=0) if store.check([SIZE_KEY]) else b"0"
             count = int(size_raw.decode() or 0) or count
         outcomes = _collect(store, count)
-    return _results(outcomes, count, code, job.failure, config.backend == "mpi")
+    return results_in_order(outcomes, count, code, job.failure, config.backend == "mpi")
 
 
 def _collect(store: StoreClient, count: int) -> dict[int, tuple[Any, ...]]:
@@ -56,18 +56,24 @@ def _collect(store: StoreClient, count: int) -> dict[int, tuple[Any, ...]]:
     }
 
 
-def _results(
+def results_in_order(
     outcomes: dict[int, tuple[Any, ...]],
     count: int,
     code: int,
     failure: tuple[int, int] | None,
     mpi: bool = False,
+    caller: str = "hora.run",
 ) -> list[Any]:
+    """The values of ``outcomes`` (rank -> ``("ok", value)`` or ``("error", exception,
+    traceback text)``, as :mod:`hora.launch.task` stores them) ordered by rank. LaunchError,
+    naming the rank (``failure``'s when it raised, else the lowest) and chained to its exception,
+    when a rank raised; LaunchError too when ``code`` is non-zero or fewer than ``count`` came
+    back. ``caller`` starts each message."""
     errors = {rank: o for rank, o in outcomes.items() if o[0] == "error"}
     if errors:
         rank = failure[0] if failure and failure[0] in errors else min(errors)
         _, exc, text = errors[rank]
-        raise LaunchError(f"hora.run: rank {rank} raised an exception:\n{text}") from exc
+        raise LaunchError(f"{caller}: rank {rank} raised an exception:\n{text}") from exc
     if code != 0 or len(outcomes) < count:
         what = f"code {code}"
         if failure:
@@ -75,8 +81,8 @@ def _results(
             what = f"{who} exited with status {exit_status(failure[1])}"
         if len(outcomes) == count:  # every value came back: the failure came while exiting
             raise LaunchError(
-                f"hora.run: every rank returned its result, then {what} while shutting down; "
+                f"{caller}: every rank returned its result, then {what} while shutting down; "
                 "its output above says why"
             )
-        raise LaunchError(f"hora.run: the job failed ({what}) before every rank returned")
+        raise LaunchError(f"{caller}: the job failed ({what}) before every rank returned")
     return [outcomes[rank][1] for rank in sorted(outcomes)]

@@ -26,7 +26,7 @@ RESULT_KEY = "runfunc_result/{rank}"
 SIZE_KEY = "runfunc_size"  # the job's size when the function returned (elastic jobs change it)
 
 
-def _outcome_bytes(outcome: tuple[object, ...]) -> bytes:
+def outcome_bytes(outcome: tuple[object, ...]) -> bytes:
     try:
         return cloudpickle.dumps(outcome)
     except Exception as e:  # the value or exception cannot be pickled
@@ -63,7 +63,7 @@ def main() -> int:
         # the rank now: an elastic job assigns it in hvd.init(), which updates the environment
         rank = int(env_lookup(os.environ, "RANK", str(ident.rank)) or ident.rank)
         size = env_lookup(os.environ, "SIZE", str(ident.size)) or str(ident.size)
-        store.set(RESULT_KEY.format(rank=rank), _outcome_bytes(outcome))
+        store.set(RESULT_KEY.format(rank=rank), outcome_bytes(outcome))
         if outcome[0] == "ok":
             store.set(SIZE_KEY, size.encode())
     if outcome[0] == "error":

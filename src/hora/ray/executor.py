@@ -1,0 +1,446 @@
+"""``hora.ray.RayExecutor`` (Horovod's ``horovod.ray.RayExecutor``): a static hora job whose
+ranks are Ray actors.
+
+``start()`` reserves one placement-group bundle per worker (or per host), starts one
+:class:`hora.ray.worker.Worker` actor per rank, gives ranks grouped by Ray node (so local ranks
+are right; :func:`hora.launch.hosts.assign_ranks`), starts hora's rendezvous store in this
+process and hands each actor the environment :mod:`hora.launch.workerenv` builds for a launched
+rank. ``run``/``execute`` then call a function on every actor and return the values in rank
+order. A rank that raises, or whose actor dies (``ray.kill``, a lost node), ends the job: after a
+short grace for the other ranks, every actor is killed, the placement group removed and the
+store stopped, and LaunchError names the rank. ``shutdown()`` does the same after success.
+
+Every method runs in the caller's thread (the Ray driver); an executor is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_current_placement_group,
+    placement_group,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hora.errors import LaunchError
+from hora.launch.api import results_in_order
+from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks
+from hora.launch.workerenv import job_env, rank_env
+from hora.ray.worker import Worker
+from hora.rendezvous.server import RendezvousServer
+from hora.settings import Settings, load
+
+log = logging.getLogger("hora.ray")
+
+# After the first rank fails, how long the others get to finish before every actor is killed.
+FAILURE_GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """What :meth:`RayExecutor.create_settings` returns: Horovod's Ray settings plus the knobs.
+
+    ``timeout_s`` bounds the actors' start-up; ``placement_group_timeout_s`` how long Ray may
+    take to reserve the workers' resources; ``nics`` the interfaces hora's data connections use.
+    ``ssh_identity_file`` and ``ssh_str`` are accepted for Horovod's signature; a Ray job starts
+    no ssh sessions. ``knobs``: the ``HOROVOD_*``/``HORA_*`` settings the workers get (default:
+    read from this process's environment when the executor starts).
+    """
+
+    timeout_s: float = 30.0
+    ssh_identity_file: str | None = None
+    ssh_str: str | None = None
+    placement_group_timeout_s: float = 100.0
+    nics: tuple[str, ...] = ()
+    knobs: Settings | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class _Rank:
+    """One started rank: its actor, where it runs and its place in the job."""
+
+    actor: Any
+    node: str
+    pid: int
+    slot: SlotInfo
+
+
+class RayExecutor:
+    """A hora job on Ray actors; Horovod's ``RayExecutor`` with the same parameters.
+
+    Give ``num_workers`` (ranks placed wherever Ray has room, packed onto few nodes) or
+    ``num_hosts`` and ``num_workers_per_host`` (that many ranks on each of that many distinct
+    nodes). Each worker reserves ``cpus_per_worker`` CPUs and, with ``use_gpu``,
+    ``gpus_per_worker`` GPUs (default 1). With ``use_current_placement_group`` and a caller that
+    itself runs inside a placement group, the workers use its bundles instead of a new group.
+    """
+
+    @staticmethod
+    def create_settings(
+        timeout_s: float = 30,
+        ssh_identity_file: str | None = None,
+        ssh_str: str | None = None,
+        placement_group_timeout_s: float = 100,
+        nics: Sequence[str] | str | None = None,
+    ) -> RaySettings:
+        """Horovod's ``RayExecutor.create_settings``: the settings to pass to the executor."""
+        if timeout_s <= 0 or placement_group_timeout_s <= 0:
+            raise ValueError(
+                f"timeout_s={timeout_s} and placement_group_timeout_s="
+                f"{placement_group_timeout_s}: both must be positive seconds"
+            )
+        names = [nics] if isinstance(nics, str) else list(nics or ())
+        interfaces = tuple(n.strip() for text in names for n in text.split(",") if n.strip())
+        return RaySettings(
+            timeout_s=float(timeout_s),
+            ssh_identity_file=ssh_identity_file,
+            ssh_str=ssh_str,
+            placement_group_timeout_s=float(placement_group_timeout_s),
+            nics=interfaces,
+        )
+
+    def __init__(
+        self,
+        settings: RaySettings | None = None,
+        num_workers: int | None = None,
+        num_hosts: int | None = None,
+        num_workers_per_host: int = 1,
+        cpus_per_worker: float = 1,
+        use_gpu: bool = False,
+        gpus_per_worker: float | None = None,
+        use_current_placement_group: bool = True,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
+        reset_limit: int | None = None,
+        elastic_timeout: float | None = None,
+        override_discovery: bool = True,
+    ):
+        if min_workers is not None or max_workers is not None or reset_limit is not None:
+            raise ValueError(
+                "RayExecutor(min_workers=..., max_workers=..., reset_limit=...): elastic Ray "
+                "jobs are not supported by hora yet; give num_workers (or num_hosts) for a "
+                "static job"
+            )
+        if (num_workers is None) == (num_hosts is None):
+            raise ValueError(
+                f"RayExecutor: give exactly one of num_workers (got {num_workers}) and "
+                f"num_hosts (got {num_hosts}, with num_workers_per_host)"
+            )
+        count = num_workers if num_workers is not None else num_hosts
+        if count is None or count < 1 or num_workers_per_host < 1:
+            raise ValueError(
+                f"RayExecutor: num_workers={num_workers}, num_hosts={num_hosts}, "
+                f"num_workers_per_host={num_workers_per_host}: each must be at least 1"
+            )
+        if cpus_per_worker < 0 or (gpus_per_worker is not None and gpus_per_worker < 0):
+            raise ValueError(
+                f"RayExecutor: cpus_per_worker={cpus_per_worker}, gpus_per_worker="
+                f"{gpus_per_worker}: resources cannot be negative"
+            )
+        if gpus_per_worker and not use_gpu:
+            raise ValueError(
+                f"RayExecutor: gpus_per_worker={gpus_per_worker} needs use_gpu=True"
+            )
+        self.settings = settings if settings is not None else self.create_settings()
+        self.num_workers = num_workers
+        self.num_hosts = num_hosts
+        self.num_workers_per_host = num_workers_per_host
+        self.cpus_per_worker = cpus_per_worker
+        self.use_gpu = use_gpu
+        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
+        self.use_current_placement_group = use_current_placement_group
+        self._ranks: list[_Rank] = []
+        self._server: RendezvousServer | None = None
+        self._pg: PlacementGroup | None = None
+        self._own_pg = False
+
+    # -- size ----------------------------------------------------------------------------
+    @property
+    def num_ranks(self) -> int:
+        """How many ranks the job has."""
+        if self.num_workers is not None:
+            return self.num_workers
+        assert self.num_hosts is not None
+        return self.num_hosts * self.num_workers_per_host
+
+    # -- start ---------------------------------------------------------------------------
+    def start(
+        self,
+        executable_cls: type | None = None,
+        executable_args: Sequence[Any] | None = None,
+        executable_kwargs: Mapping[str, Any] | None = None,
+        extra_env_vars: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start the actors and the rendezvous store; build ``executable_cls(*executable_args,
+        **executable_kwargs)`` in each actor (after its environment is in place) for
+        :meth:`execute`. ``extra_env_vars`` are added to every worker's environment.
+
+        LaunchError when Ray cannot place the workers within ``placement_group_timeout_s`` or
+        they do not start within ``timeout_s``; nothing is left running then.
+        """
+        if self._ranks:
+            raise LaunchError("RayExecutor.start(): already started; call shutdown() first")
+        if not ray.is_initialized():
+            ray.init()
+        try:
+            self._start(executable_cls, executable_args, executable_kwargs, extra_env_vars)
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _start(
+        self,
+        executable_cls: type | None,
+        executable_args: Sequence[Any] | None,
+        executable_kwargs: Mapping[str, Any] | None,
+        extra_env_vars: Mapping[str, str] | None,
+    ) -> None:
+        strategies = self._placement()
+        actor_cls = ray.remote(Worker)
+        actors = [
+            actor_cls.options(  # type: ignore[attr-defined]
+                num_cpus=self.cpus_per_worker,
+                num_gpus=self.gpus_per_worker,
+                max_restarts=0,
+                scheduling_strategy=strategy,
+            ).remote()
+            for strategy in strategies
+        ]
+        # the partial list lets _teardown kill the actors if they fail to start
+        self._ranks = [_Rank(a, "", -1, _NO_SLOT) for a in actors]
+        places = self._get([a.where.remote() for a in actors], "start the workers")
+        # ranks grouped by node, nodes in the order of their first worker
+        by_node: dict[str, list[int]] = {}
+        for index, (node, _host, _pid, _gpus) in enumerate(places):
+            by_node.setdefault(node, []).append(index)
+        hosts = [HostSlots(places[ix[0]][1], len(ix)) for ix in by_node.values()]
+        order = [index for ix in by_node.values() for index in ix]
+        slots = assign_ranks(hosts, len(actors))
+        self._ranks = [
+            _Rank(actors[index], places[index][0], places[index][2], slot)
+            for index, slot in zip(order, slots)
+        ]
+        secret = os.urandom(32)
+        server = RendezvousServer(secret, host="0.0.0.0", port=0)
+        port = server.start()
+        self._server = server
+        knobs = self.settings.knobs if self.settings.knobs is not None else load()
+        common = job_env({}, knobs, "native", port, list(self.settings.nics))
+        address = ray.util.get_node_ip_address()
+        gpus_by_node: dict[str, list[str]] = {}
+        for node, _host, _pid, gpus in places:
+            gpus_by_node.setdefault(node, []).extend(gpus)
+        setups = []
+        for rank in self._ranks:
+            env = rank_env(common, rank.slot, address)
+            env["HORA_SECRET_KEY"] = secret.hex()
+            if self.use_gpu:  # every GPU of the node's workers, so local_rank picks one
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(gpus_by_node[rank.node]))
+            env.update(extra_env_vars or {})
+            setups.append(
+                rank.actor.setup.remote(
+                    env, executable_cls, tuple(executable_args or ()), dict(executable_kwargs or {})
+                )
+            )
+        self._gather(setups, "start")
+        log.info(
+            "hora.ray: %d ranks on %d Ray nodes; rendezvous store on %s:%d",
+            len(self._ranks),
+            len(by_node),
+            address,
+            port,
+        )
+
+    def _placement(self) -> list[PlacementGroupSchedulingStrategy]:
+        """One scheduling strategy per worker, in bundle order."""
+        per_host = self.num_workers_per_host if self.num_hosts is not None else 1
+        bundle_count = self.num_hosts if self.num_hosts is not None else self.num_ranks
+        assert bundle_count is not None
+        bundle: dict[str, float] = {"CPU": self.cpus_per_worker * per_host}
+        if self.gpus_per_worker:
+            bundle["GPU"] = self.gpus_per_worker * per_host
+        current = get_current_placement_group() if self.use_current_placement_group else None
+        if current is not None:
+            if len(current.bundle_specs) < bundle_count:
+                raise LaunchError(
+                    f"RayExecutor: the current placement group has {len(current.bundle_specs)} "
+                    f"bundles but the job needs {bundle_count}; pass "
+                    "use_current_placement_group=False to reserve a new one"
+                )
+            pg = current
+        else:
+            strategy = "STRICT_SPREAD" if self.num_hosts is not None else "PACK"
+            pg = placement_group([dict(bundle) for _ in range(bundle_count)], strategy=strategy)
+            self._pg, self._own_pg = pg, True
+        timeout = self.settings.placement_group_timeout_s
+        try:
+            ray.get(pg.ready(), timeout=timeout)
+        except GetTimeoutError:
+            raise LaunchError(
+                f"RayExecutor: Ray could not reserve {bundle_count} x {bundle} "
+                f"({'one per node' if self.num_hosts is not None else 'packed'}) within "
+                f"placement_group_timeout_s={timeout:g}; the cluster has "
+                f"{ray.available_resources()} available of {ray.cluster_resources()}"
+            ) from None
+        return [
+            PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index // per_host)
+            for index in range(self.num_ranks)
+        ]
+
+    # -- running functions ----------------------------------------------------------------
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        callbacks: Sequence[Callable[..., Any]] | None = None,
+    ) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank; the values in rank order. LaunchError naming
+        the rank (chained to its exception) when one raises or its actor dies; the job then
+        ends (:meth:`start` again for a new one)."""
+        self._check_callbacks(callbacks)
+        actors = self._actors()
+        refs = [a.outcome.remote(fn, tuple(args or ()), dict(kwargs or {})) for a in actors]
+        return self._gather(refs, "run")
+
+    def execute(
+        self, fn: Callable[[Any], Any], callbacks: Sequence[Callable[..., Any]] | None = None
+    ) -> list[Any]:
+        """``fn(executable)`` on every rank (``executable``: the object :meth:`start` built,
+        else None); the values in rank order. Failures as :meth:`run`."""
+        self._check_callbacks(callbacks)
+        return self._gather([a.executable_outcome.remote(fn) for a in self._actors()], "execute")
+
+    def execute_single(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(executable)`` on rank 0 only; its value (its exception, raised here)."""
+        return ray.get(self._actors()[0].execute_raw.remote(fn))
+
+    def run_remote(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every rank, not waited for: Ray object refs in rank order
+        (``ray.get`` gives the values or raises the rank's exception)."""
+        return [a.call.remote(fn, tuple(args or ()), dict(kwargs or {})) for a in self._actors()]
+
+    # -- stopping -------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Kill every actor, remove the placement group this executor made and stop the
+        rendezvous store. Safe to call again, or after a failure already ended the job."""
+        self._teardown()
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._teardown()
+
+    # -- internals ------------------------------------------------------------------------
+    @staticmethod
+    def _check_callbacks(callbacks: Sequence[Callable[..., Any]] | None) -> None:
+        if callbacks:
+            raise ValueError("RayExecutor: callbacks are not supported by hora; pass None")
+
+    def _actors(self) -> list[Any]:
+        if not self._ranks:
+            raise LaunchError(
+                "RayExecutor: no workers are running; call start() (again, after shutdown() "
+                "or a failed run)"
+            )
+        return [rank.actor for rank in self._ranks]
+
+    def _get(self, refs: list[Any], what: str) -> list[Any]:
+        try:
+            return ray.get(refs, timeout=self.settings.timeout_s)
+        except GetTimeoutError:
+            raise LaunchError(
+                f"RayExecutor: the workers did not {what} within timeout_s="
+                f"{self.settings.timeout_s:g}"
+            ) from None
+
+    def _gather(self, refs: list[Any], what: str) -> list[Any]:
+        """Wait for one outcome per rank (``refs`` in rank order); their values in rank order.
+        On the first failure the other ranks get :data:`FAILURE_GRACE_S`, then the job ends."""
+        timeout = self.settings.timeout_s if what == "start" else None
+        start = time.monotonic()
+        pending = {ref: rank for rank, ref in enumerate(refs)}
+        outcomes: dict[int, tuple[Any, ...]] = {}
+        died: dict[int, RayError] = {}
+        first: int | None = None
+        deadline: float | None = None
+        while pending:
+            now = time.monotonic()
+            limit = deadline if deadline is not None else None
+            if timeout is not None:
+                limit = min(limit or float("inf"), start + timeout)
+            if limit is not None and now >= limit:
+                break
+            wait = None if limit is None else limit - now
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    raw = ray.get(ref)
+                    outcomes[rank] = cloudpickle.loads(raw) if raw is not None else ("ok", None)
+                except RayActorError as e:
+                    died[rank] = e
+                except RayError as e:  # the outcome could not come back
+                    outcomes[rank] = ("error", e, str(e))
+                if (rank in died or outcomes[rank][0] == "error") and first is None:
+                    first = rank
+                    deadline = time.monotonic() + FAILURE_GRACE_S
+        if first is None and not pending:
+            return [outcomes[rank][1] for rank in range(len(refs))]
+        stuck = sorted(pending.values())
+        places = {r.slot.rank: f"pid {r.pid} on {r.slot.hostname}" for r in self._ranks}
+        self._teardown()
+        if died:
+            rank = first if first in died else min(died)
+            where = places.get(rank, "not started")
+            raise LaunchError(
+                f"RayExecutor.{what}: the Ray actor of rank {rank} ({where}) died before it "
+                f"returned; the job ended and every worker was stopped: {died[rank]}"
+            ) from died[rank]
+        if first is None:  # only a start-up timeout leaves ranks pending without a failure
+            raise LaunchError(
+                f"RayExecutor.{what}: ranks {stuck} did not {what} within timeout_s="
+                f"{self.settings.timeout_s:g}; every worker was stopped"
+            )
+        caller = f"RayExecutor.{what}"
+        results_in_order(outcomes, len(refs), 0, (first, 1), caller=caller)
+        raise LaunchError(f"{caller}: rank {first} failed; ranks {stuck} were stopped")
+
+    def _teardown(self) -> None:
+        """Kill the actors, remove the placement group if this executor made it, stop the
+        store. Idempotent."""
+        ranks, self._ranks = self._ranks, []
+        for rank in ranks:
+            try:
+                ray.kill(rank.actor, no_restart=True)
+            except Exception as e:  # already gone
+                log.debug("hora.ray: killing rank %d's actor: %s", rank.slot.rank, e)
+        if self._pg is not None and self._own_pg:
+            try:
+                remove_placement_group(self._pg)
+            except Exception as e:
+                log.debug("hora.ray: removing the placement group: %s", e)
+        self._pg, self._own_pg = None, False
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+_NO_SLOT = SlotInfo("", -1, -1, -1, 0, 0, 0)
