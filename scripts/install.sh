@@ -32,4 +32,5 @@ $PY -m pip install -q "${torch_index[@]}" "torch==2.13.0"
 # TensorFlow (CPU build; tf-keras for the Keras 2 world) for hora.tensorflow and its tests.
 extras="torch,lab,bf16,tensorflow,dev"
 command -v mpicc >/dev/null && extras="$extras,mpi"
+extras="$extras,ray"  # hora.ray and its tests (Ray 2.60; leaves numpy and torch as they are)
 $PY -m pip install -q -e ".[${extras}]"

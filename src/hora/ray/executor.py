@@ -207,9 +207,9 @@ class RayExecutor:
         extra_env_vars: Mapping[str, str] | None,
     ) -> None:
         strategies = self._placement()
-        actor_cls = ray.remote(Worker)
-        actors = [
-            actor_cls.options(  # type: ignore[attr-defined]
+        actor_cls: Any = ray.remote(Worker)
+        actors: list[Any] = [
+            actor_cls.options(
                 num_cpus=self.cpus_per_worker,
                 num_gpus=self.gpus_per_worker,
                 max_restarts=0,
