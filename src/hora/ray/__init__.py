@@ -8,9 +8,7 @@ from __future__ import annotations
 try:
     import ray as _ray  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "hora.ray needs Ray: pip install 'hora[ray]' (or pip install ray)"
-    ) from e
+    raise ImportError("hora.ray needs Ray: pip install 'hora[ray]' (or pip install ray)") from e
 
 from hora.ray.executor import RayExecutor, RaySettings
 

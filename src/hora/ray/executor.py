@@ -149,9 +149,7 @@ class RayExecutor:
                 f"{gpus_per_worker}: resources cannot be negative"
             )
         if gpus_per_worker and not use_gpu:
-            raise ValueError(
-                f"RayExecutor: gpus_per_worker={gpus_per_worker} needs use_gpu=True"
-            )
+            raise ValueError(f"RayExecutor: gpus_per_worker={gpus_per_worker} needs use_gpu=True")
         self.settings = settings if settings is not None else self.create_settings()
         self.num_workers = num_workers
         self.num_hosts = num_hosts
@@ -173,6 +171,11 @@ class RayExecutor:
             return self.num_workers
         assert self.num_hosts is not None
         return self.num_hosts * self.num_workers_per_host
+
+    @property
+    def workers(self) -> list[Any]:
+        """The running ranks' Ray actor handles in rank order (empty when none runs)."""
+        return [rank.actor for rank in self._ranks]
 
     # -- start ---------------------------------------------------------------------------
     def start(

@@ -1,0 +1,214 @@
+"""hora.ray.RayExecutor on a real local Ray cluster (one per module: Ray starts slowly).
+
+Results in rank order, local ranks grouped by node, exceptions carried back with the rank, the
+driver's knobs and extra_env_vars reaching the workers, a rank whose actor is killed with
+ray.kill mid-training ending the job with an error naming it, and nothing left running (actors,
+the placement group's resources, the rendezvous store) after success or failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'hora[ray]')")
+
+from hora.errors import LaunchError  # noqa: E402
+from hora.ray import RayExecutor  # noqa: E402
+
+# the workers cannot import this test module: send its functions and classes by value
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+NUM_CPUS = 3
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(
+        num_cpus=NUM_CPUS,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}},
+    )
+    yield
+    ray.shutdown()
+
+
+def _settings(**kw):
+    return RayExecutor.create_settings(timeout_s=60, **kw)
+
+
+def _identity():
+    """Rank, local rank, size and a sum over all ranks, with hora's NumPy API; the worker's
+    pid and the rendezvous port it was given."""
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
+    out = (hvd.rank(), hvd.local_rank(), hvd.size(), float(total[0]))
+    hvd.shutdown()
+    return out + (os.getpid(), int(os.environ["HORA_RENDEZVOUS_PORT"]))
+
+
+def _assert_nothing_left(pids, port, deadline_s=60.0):
+    """Every worker process has exited, Ray has all its CPUs back, the store is closed."""
+    end = time.monotonic() + deadline_s
+    alive = list(pids)
+    while time.monotonic() < end:
+        alive = [pid for pid in pids if _exists(pid)]
+        cpus = ray.available_resources().get("CPU", 0)
+        if not alive and cpus == NUM_CPUS:
+            break
+        time.sleep(0.2)
+    assert not alive, f"worker processes {alive} still run"
+    assert ray.available_resources().get("CPU", 0) == NUM_CPUS, ray.available_resources()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def _exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"))
+
+
+def test_run_returns_results_in_rank_order_and_stops_everything(cluster, monkeypatch):
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "3.5")  # a knob of the driver's
+    executor = RayExecutor(_settings(), num_workers=2)
+    executor.start(extra_env_vars={"RAY_TEST_VALUE": "given"})
+    try:
+        first = executor.run(_identity)
+        assert [r[:4] for r in first] == [(0, 0, 2, 3.0), (1, 1, 2, 3.0)]
+        envs = executor.run(
+            lambda name: (os.environ.get(name), os.environ.get("HOROVOD_CYCLE_TIME")),
+            args=["RAY_TEST_VALUE"],
+        )
+        assert envs == [("given", "3.5")] * 2
+        # a second job generation in the same actors; keyword arguments
+        second = executor.run(lambda add=0: _identity()[0] + add, kwargs={"add": 10})
+        assert second == [10, 11]
+        refs = executor.run_remote(lambda: int(os.environ["HORA_RANK"]) * 2)
+        assert ray.get(refs) == [0, 2]
+    finally:
+        executor.shutdown()
+    assert executor.workers == []
+    _assert_nothing_left([r[4] for r in first], first[0][5])
+    with pytest.raises(LaunchError, match="call start"):
+        executor.run(_identity)
+
+
+class _Trainer:
+    """An executable object: built in each actor after its environment is in place."""
+
+    def __init__(self, scale):
+        import hora as hvd
+
+        hvd.init()
+        self.scale = scale
+        self.rank = hvd.rank()
+
+
+def test_execute_and_execute_single_use_the_executable(cluster):
+    with RayExecutor(_settings(), num_hosts=1, num_workers_per_host=2) as executor:
+        executor.start(executable_cls=_Trainer, executable_args=[5])
+        assert executor.execute(lambda t: t.rank * t.scale) == [0, 5]
+        assert executor.execute_single(lambda t: (t.rank, os.environ["HORA_LOCAL_SIZE"])) == (
+            0,
+            "2",
+        )
+    assert executor.workers == []
+
+
+def _raise_on_rank_one():
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("bad batch on rank one")
+    hvd.allreduce(np.ones(4))  # rank 0 waits for rank 1, which will never come
+    return os.getpid()
+
+
+def test_exception_is_carried_back_with_the_rank_and_ends_the_job(cluster):
+    executor = RayExecutor(_settings(), num_workers=2)
+    executor.start()
+    pids = [p for p, _ in executor.run(lambda: (os.getpid(), 0))]
+    port = executor.run(lambda: int(os.environ["HORA_RENDEZVOUS_PORT"]))[0]
+    with pytest.raises(LaunchError, match="rank 1 raised an exception") as info:
+        executor.run(_raise_on_rank_one)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert "bad batch on rank one" in str(info.value)
+    assert executor.workers == []
+    _assert_nothing_left(pids, port)
+    executor.shutdown()  # again: nothing to do
+
+
+def _train(flag_dir):
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    for step in range(100000):
+        hvd.allreduce(np.ones(16), name="grad")
+        if step == 20:
+            Path(flag_dir, f"training.{hvd.rank()}").write_text(str(os.getpid()))
+        time.sleep(0.001)
+    return "finished"
+
+
+def test_actor_killed_mid_training_ends_the_job_naming_the_rank(cluster, tmp_path):
+    executor = RayExecutor(_settings(), num_workers=2)
+    executor.start()
+    port = executor.run(lambda: int(os.environ["HORA_RENDEZVOUS_PORT"]))[0]
+    victim = executor.workers[1]
+    killed = threading.Event()
+
+    def kill_when_training():
+        while not (tmp_path / "training.1").exists():
+            time.sleep(0.05)
+        ray.kill(victim)
+        killed.set()
+
+    killer = threading.Thread(target=kill_when_training, daemon=True)
+    killer.start()
+    with pytest.raises(LaunchError, match="actor of rank 1 .* died") as info:
+        executor.run(_train, args=[str(tmp_path)])
+    assert killed.is_set()
+    assert isinstance(info.value.__cause__, ray.exceptions.RayActorError)
+    pids = [int((tmp_path / f"training.{r}").read_text()) for r in (0, 1)]
+    _assert_nothing_left(pids, port)
+
+
+def test_bad_input_is_refused_with_both_sides_named(cluster):
+    with pytest.raises(ValueError, match="num_workers .* num_hosts"):
+        RayExecutor(_settings(), num_workers=2, num_hosts=1)
+    with pytest.raises(ValueError, match="positive"):
+        RayExecutor.create_settings(timeout_s=0)
+    with pytest.raises(ValueError, match="elastic"):
+        RayExecutor(_settings(), num_workers=2, min_workers=1)
+    executor = RayExecutor(
+        _settings(placement_group_timeout_s=1), num_workers=2, cpus_per_worker=NUM_CPUS
+    )
+    with pytest.raises(LaunchError, match="could not reserve 2 x"):
+        executor.start()
+    assert executor.workers == []
+    end = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) != NUM_CPUS and time.monotonic() < end:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == NUM_CPUS
