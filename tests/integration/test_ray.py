@@ -212,3 +212,16 @@ def test_bad_input_is_refused_with_both_sides_named(cluster):
     while ray.available_resources().get("CPU", 0) != NUM_CPUS and time.monotonic() < end:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == NUM_CPUS
+
+
+def test_mnist_example_trains_on_ray(cluster, tmp_path):
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    sys.path.insert(0, str(examples))
+    try:
+        import ray_torch_mnist
+    finally:
+        sys.path.remove(str(examples))
+    argv = ["--epochs", "1", "--no-cuda", "--data-dir", str(tmp_path), "--log-interval", "1000"]
+    accuracies, _, _ = ray_torch_mnist.run_on_ray(2, argv)
+    assert len(accuracies) == 2 and accuracies[0] == accuracies[1]  # averaged over the ranks
+    assert accuracies[0] > 30.0  # one epoch on the digits: far above chance (10%)
