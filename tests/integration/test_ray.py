@@ -36,7 +36,6 @@ def cluster():
         include_dashboard=False,
         logging_level="ERROR",
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}},
     )
     yield
     ray.shutdown()
