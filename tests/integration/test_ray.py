@@ -92,10 +92,13 @@ def test_run_returns_results_in_rank_order_and_stops_everything(cluster, monkeyp
         first = executor.run(_identity)
         assert [r[:4] for r in first] == [(0, 0, 2, 3.0), (1, 1, 2, 3.0)]
         envs = executor.run(
-            lambda name: (os.environ.get(name), os.environ.get("HOROVOD_CYCLE_TIME")),
+            lambda name: tuple(
+                os.environ.get(n) for n in (name, "HOROVOD_CYCLE_TIME", "HORA_RENDEZVOUS_ADDR")
+            ),
             args=["RAY_TEST_VALUE"],
         )
-        assert envs == [("given", "3.5")] * 2
+        # every rank on the driver's node: the store listens on loopback only
+        assert envs == [("given", "3.5", "127.0.0.1")] * 2
         # a second job generation in the same actors; keyword arguments
         second = executor.run(lambda add=0: _identity()[0] + add, kwargs={"add": 10})
         assert second == [10, 11]

@@ -38,6 +38,7 @@ from hora.launch.api import results_in_order
 from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks
 from hora.launch.workerenv import job_env, rank_env
 from hora.ray.worker import Worker
+from hora.rendezvous.protocol import DEPARTURES_REPORTED, departure_key
 from hora.rendezvous.server import RendezvousServer
 from hora.settings import Settings, load
 
@@ -235,12 +236,20 @@ class RayExecutor:
             for index, slot in zip(order, slots)
         ]
         secret = os.urandom(32)
-        server = RendezvousServer(secret, host="0.0.0.0", port=0)
+        knobs = self.settings.knobs if self.settings.knobs is not None else load()
+        # loopback when every rank runs on the driver's node, else the driver's node address;
+        # every interface only when asked for (HORA_LISTEN_ANY), as for hora run's store
+        here = ray.get_runtime_context().get_node_id()
+        local = all(node == here for node in by_node)
+        address = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        bind = "0.0.0.0" if knobs.listen_any else address
+        server = RendezvousServer(
+            secret, host=bind, port=0, handshake_timeout=knobs.handshake_timeout_seconds
+        )
         port = server.start()
         self._server = server
-        knobs = self.settings.knobs if self.settings.knobs is not None else load()
+        server.put(DEPARTURES_REPORTED, b"1")  # _gather records an actor that dies
         common = job_env({}, knobs, "native", port, list(self.settings.nics))
-        address = ray.util.get_node_ip_address()
         gpus_by_node: dict[str, list[str]] = {}
         for node, _host, _pid, gpus in places:
             gpus_by_node.setdefault(node, []).extend(gpus)
@@ -400,6 +409,9 @@ class RayExecutor:
                     outcomes[rank] = cloudpickle.loads(raw) if raw is not None else ("ok", None)
                 except RayActorError as e:
                     died[rank] = e
+                    if self._server is not None:  # what the rank's peers say it did
+                        how = "was lost: its Ray actor died (ray.kill, a lost node or OOM)"
+                        self._server.put(departure_key(rank), how.encode())
                 except RayError as e:  # the outcome could not come back
                     outcomes[rank] = ("error", e, str(e))
                 if (rank in died or outcomes[rank][0] == "error") and first is None:
