@@ -38,7 +38,6 @@ from hora.launch.api import results_in_order
 from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks
 from hora.launch.workerenv import job_env, rank_env
 from hora.ray.worker import Worker
-from hora.rendezvous.protocol import DEPARTURES_REPORTED, departure_key
 from hora.rendezvous.server import RendezvousServer
 from hora.settings import Settings, load
 
@@ -248,7 +247,6 @@ class RayExecutor:
         )
         port = server.start()
         self._server = server
-        server.put(DEPARTURES_REPORTED, b"1")  # _gather records an actor that dies
         common = job_env({}, knobs, "native", port, list(self.settings.nics))
         gpus_by_node: dict[str, list[str]] = {}
         for node, _host, _pid, gpus in places:
@@ -409,9 +407,6 @@ class RayExecutor:
                     outcomes[rank] = cloudpickle.loads(raw) if raw is not None else ("ok", None)
                 except RayActorError as e:
                     died[rank] = e
-                    if self._server is not None:  # what the rank's peers say it did
-                        how = "was lost: its Ray actor died (ray.kill, a lost node or OOM)"
-                        self._server.put(departure_key(rank), how.encode())
                 except RayError as e:  # the outcome could not come back
                     outcomes[rank] = ("error", e, str(e))
                 if (rank in died or outcomes[rank][0] == "error") and first is None:
