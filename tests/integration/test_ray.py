@@ -227,3 +227,26 @@ def test_mnist_example_trains_on_ray(cluster, tmp_path):
     accuracies, _, _ = ray_torch_mnist.run_on_ray(2, argv)
     assert len(accuracies) == 2 and accuracies[0] == accuracies[1]  # averaged over the ranks
     assert accuracies[0] > 30.0  # one epoch on the digits: far above chance (10%)
+
+
+def _executor_inside_the_group():
+    """Run from a task of a placement group: the executor must use that group's bundles."""
+    settings = RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=5)
+    with RayExecutor(settings, num_workers=2) as executor:
+        executor.start()
+        return executor.run(lambda: int(os.environ["HORA_RANK"]))
+
+
+def test_use_current_placement_group(cluster):
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group([{"CPU": 1}, {"CPU": 1}])
+    ray.get(group.ready(), timeout=60)
+    try:
+        # one CPU is left outside the group: a new group of two would not fit
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+        task = ray.remote(num_cpus=0)(_executor_inside_the_group)
+        assert ray.get(task.options(scheduling_strategy=strategy).remote(), timeout=120) == [0, 1]
+    finally:
+        remove_placement_group(group)
