@@ -250,3 +250,11 @@ def test_use_current_placement_group(cluster):
         assert ray.get(task.options(scheduling_strategy=strategy).remote(), timeout=120) == [0, 1]
     finally:
         remove_placement_group(group)
+
+
+def test_nics_reach_the_workers_and_carry_the_job(cluster):
+    with RayExecutor(_settings(nics="lo"), num_workers=2) as executor:
+        executor.start()
+        ifaces = executor.run(lambda: os.environ.get("HOROVOD_GLOO_IFACE"))
+        assert ifaces == ["lo", "lo"]
+        assert [r[:4] for r in executor.run(_identity)] == [(0, 0, 2, 3.0), (1, 1, 2, 3.0)]
