@@ -70,7 +70,7 @@ def main() -> None:
         ray.init(address=args.address)
     else:
         cpus = max(1, int(args.num_workers * args.cpus_per_worker + 0.999))
-        ray.init(num_cpus=cpus, include_dashboard=False)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False)
     if args.use_gpu:
         mnist_argv = [a for a in mnist_argv if a != "--no-cuda"]
     elif "--no-cuda" not in mnist_argv:

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.timeout(150)
 @pytest.fixture(scope="module")
 def cluster():
     ray.init(
+        address="local",  # a new local Ray, whatever cluster this machine ran last
         num_cpus=NUM_CPUS,
         include_dashboard=False,
         logging_level="ERROR",
