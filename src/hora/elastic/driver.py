@@ -129,7 +129,7 @@ class ElasticJob(Job):
         assert opts.host_discovery_script is not None
         deadline = time.monotonic() + opts.elastic_timeout
         while True:
-            hosts = discover(opts.host_discovery_script, opts.slots_per_host)
+            hosts = self._discover()
             if sum(h.slots for h in hosts) >= np:
                 return hosts
             if time.monotonic() > deadline:
@@ -139,6 +139,13 @@ class ElasticJob(Job):
                     f"{','.join(f'{h.name}:{h.slots}' for h in hosts) or 'none'}"
                 )
             time.sleep(DISCOVERY_INTERVAL)
+
+    def _discover(self) -> list[HostSlots]:
+        """The hosts and slots now: the discovery script's answer. A job whose hosts come from
+        elsewhere (Ray's nodes, :mod:`hora.ray`) overrides it."""
+        opts = self.options
+        assert opts.host_discovery_script is not None
+        return discover(opts.host_discovery_script, opts.slots_per_host)
 
     def _address(self, host: str) -> str:
         assert self._preflight is not None
@@ -360,7 +367,7 @@ class ElasticJob(Job):
         opts = self.options
         assert opts.host_discovery_script is not None
         try:
-            found = discover(opts.host_discovery_script, opts.slots_per_host)
+            found = self._discover()
         except LaunchError as e:
             log.warning("elastic: %s; keeping the hosts found before", e)
             return

@@ -69,6 +69,15 @@ class Worker:
             result = ("error", e, traceback.format_exc())
         return outcome_bytes(result)
 
+    def run_task(self, env: Mapping[str, str]) -> int:
+        """One elastic worker: take ``env``, then run :mod:`hora.launch.task` as a launched
+        worker process does (fetch the function from the store, call it, store the outcome);
+        its exit status."""
+        from hora.launch.task import main
+
+        os.environ.update(env)
+        return main()
+
     def executable_outcome(self, func: Callable[[Any], Any]) -> bytes:
         """``func(executable)``'s cloudpickled outcome (``execute``)."""
         return self.outcome(func, (self.executable,), {})

@@ -1,0 +1,255 @@
+"""``hora.ray.ElasticRayExecutor`` (Horovod's ``horovod.ray.ElasticRayExecutor``): an elastic
+hora job whose workers are Ray actors.
+
+The job is :mod:`hora.elastic.driver`'s, unchanged but for three things Ray decides: the hosts
+are Ray's live nodes (each with as many slots as ``cpus_per_worker`` fit in its CPUs), each
+worker is an actor pinned to its node that runs :mod:`hora.launch.task` in its process, and the
+rendezvous store runs in this process without the launcher's ssh preflight. So a worker whose
+actor dies (``ray.kill``, a lost node) is handled as a failed worker process is: its node is
+blacklisted (for ``cooldown_range`` when given), the others roll back to their last commit and
+go on, and nodes that join the Ray cluster get workers up to ``max_workers``.
+
+Runs in the caller's thread (the Ray driver); each :meth:`ElasticRayExecutor.run` is one job.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from hora.elastic.driver import ElasticJob
+from hora.launch.api import run_on_job
+from hora.launch.config import ElasticOptions, LaunchConfig
+from hora.launch.hosts import HostSlots
+from hora.launch.preflight import Preflight
+from hora.launch.process import ConsoleSink
+from hora.ray.executor import RayExecutor, RaySettings
+from hora.ray.worker import Worker
+from hora.rendezvous.server import RendezvousServer
+from hora.settings import load
+
+log = logging.getLogger("hora.ray")
+
+# The elastic driver runs its discovery when this is set; _RayJob answers from Ray's nodes.
+_RAY_NODES = "<the nodes of the Ray cluster>"
+_KILLED = -9  # the exit status a worker whose actor died is given (as a SIGKILLed process)
+
+
+class _ActorProcess:
+    """One elastic worker's actor, seen by the elastic driver as a worker process: ``poll``,
+    ``stop``, ``kill_after``; its exit status goes to ``exits`` when ``run_task`` ends."""
+
+    def __init__(self, label: int, actor: Any, ref: Any, exits: queue.Queue[tuple[int, int]]):
+        self.label = label
+        self.actor = actor
+        self._code: int | None = None
+        self._thread = threading.Thread(
+            target=self._wait, args=(ref, exits), name=f"hora-ray-worker-{label}", daemon=True
+        )
+        self._thread.start()
+
+    def _wait(self, ref: Any, exits: queue.Queue[tuple[int, int]]) -> None:
+        try:
+            code = int(ray.get(ref))
+        except RayActorError:
+            code = _KILLED
+        except Exception as e:  # the task could not run (serialization, a lost object)
+            log.error("hora.ray: elastic worker %d failed: %s", self.label, e)
+            code = 1
+        self._code = code
+        self.stop()  # the worker is done: its actor and process go
+        exits.put((self.label, code))
+
+    def poll(self) -> int | None:
+        return self._code
+
+    def stop(self) -> None:
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception as e:  # already gone
+            log.debug("hora.ray: killing elastic worker %d: %s", self.label, e)
+
+    def kill_after(self, deadline: float) -> None:
+        self.stop()
+
+
+class _RayJob(ElasticJob):
+    """An elastic job whose hosts are Ray nodes (by node id) and whose workers are actors."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        options: ElasticOptions,
+        cpus_per_worker: float,
+        gpus_per_worker: float,
+        nics: Sequence[str],
+    ) -> None:
+        self._cpus = cpus_per_worker
+        self._gpus = gpus_per_worker
+        self._nics = list(nics)
+        self._driver_node = ray.get_runtime_context().get_node_id()
+        self._actor_cls: Any = ray.remote(Worker)
+        super().__init__(config, options)
+
+    def _discover(self) -> list[HostSlots]:
+        hosts = []
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            res = node.get("Resources", {})
+            fits = [res.get("CPU", 0) / self._cpus] if self._cpus else []
+            if self._gpus:
+                fits.append(res.get("GPU", 0) / self._gpus)
+            slots = int(min(fits)) if fits else 1
+            if slots > 0:
+                hosts.append(HostSlots(node["NodeID"], slots))
+        return hosts
+
+    def __enter__(self) -> _RayJob:
+        # no ssh preflight: Ray reached the nodes; the store listens on every interface, as
+        # for any elastic job (its hosts are not known when it starts)
+        self._preflight = Preflight({}, self._nics, "given by nics" if self._nics else "Ray")
+        settings = self.config.settings
+        server = RendezvousServer(
+            self.secret,
+            host="0.0.0.0",
+            port=0,
+            handshake_timeout=settings.handshake_timeout_seconds,
+        )
+        self.port = server.start()
+        self._server = server
+        return self
+
+    def _address(self, host: str) -> str:
+        return "127.0.0.1" if host == self._driver_node else ray.util.get_node_ip_address()
+
+    def _spawn(  # type: ignore[override]
+        self, label: int, host: str, env: dict[str, str], stdout: ConsoleSink, stderr: ConsoleSink
+    ) -> _ActorProcess:
+        env = dict(env)
+        env["HORA_SECRET_KEY"] = self.secret.hex()  # a launched worker reads it on its stdin
+        actor = self._actor_cls.options(
+            num_cpus=self._cpus,
+            num_gpus=self._gpus,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(host, soft=False),
+        ).remote()
+        worker = _ActorProcess(label, actor, actor.run_task.remote(env), self._exits)
+        self.workers.append(worker)  # type: ignore[arg-type]
+        return worker
+
+
+class ElasticRayExecutor:
+    """Horovod's ``ElasticRayExecutor``: ``run(fn)`` trains elastically on Ray actors.
+
+    ``fn`` uses ``hvd.elastic.run`` and a state object as under ``hora run --min-np``.
+    ``min_workers`` workers are needed to start and to go on; at most ``max_workers`` run
+    (default: every slot of the cluster). Each worker reserves ``cpus_per_worker`` CPUs (and,
+    with ``use_gpu``, ``gpus_per_worker`` GPUs, default 1). ``reset_limit`` bounds the
+    re-formations; ``elastic_timeout`` (default ``HOROVOD_ELASTIC_TIMEOUT``, 600 s) how long a
+    round may take to form; ``cooldown_range`` (seconds, min and max) lets a node whose worker
+    failed come back, else it stays out of the job.
+    """
+
+    create_settings = staticmethod(RayExecutor.create_settings)
+
+    def __init__(
+        self,
+        settings: RaySettings | None = None,
+        min_workers: int = 1,
+        max_workers: int | None = None,
+        reset_limit: int | None = None,
+        cpus_per_worker: float = 1,
+        use_gpu: bool = False,
+        gpus_per_worker: float | None = None,
+        override_discovery: bool = True,
+        elastic_timeout: float | None = None,
+        cooldown_range: tuple[int, int] | None = None,
+    ):
+        if not override_discovery:
+            raise ValueError(
+                "ElasticRayExecutor(override_discovery=False): hora discovers the Ray nodes "
+                "itself; use hora.run(host_discovery_script=...) for a discovery script"
+            )
+        if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
+            raise ValueError(
+                f"ElasticRayExecutor: min_workers={min_workers}, max_workers={max_workers}: "
+                "need 1 <= min_workers <= max_workers"
+            )
+        if cpus_per_worker <= 0 and not use_gpu:
+            raise ValueError(f"ElasticRayExecutor: cpus_per_worker={cpus_per_worker} must be > 0")
+        self.settings = settings if settings is not None else RayExecutor.create_settings()
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.reset_limit = reset_limit
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
+        self.elastic_timeout = elastic_timeout
+        self.cooldown_range = cooldown_range
+        self._job: _RayJob | None = None
+
+    @property
+    def workers(self) -> list[Any]:
+        """The actor handles of the running job's live workers, in start order (for another
+        thread: ``run`` blocks); empty between runs."""
+        job = self._job
+        if job is None:
+            return []
+        procs: list[Any] = list(job.workers)  # _ActorProcess objects, in the Worker list
+        return [p.actor for p in procs if p.poll() is None]
+
+    def start(self) -> None:
+        """Connect to Ray (``ray.init()`` when not yet); the workers start with each run."""
+        if not ray.is_initialized():
+            ray.init()
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        callbacks: Sequence[Callable[..., Any]] | None = None,
+    ) -> list[Any]:
+        """``fn(*args, **kwargs)`` as an elastic job; the values of the last round's ranks in
+        rank order. LaunchError when the job fails (every node blacklisted, fewer than
+        ``min_workers`` left with no way to get more, the reset limit, a timeout)."""
+        if callbacks:
+            raise ValueError("ElasticRayExecutor: callbacks are not supported by hora; pass None")
+        self.start()
+        knobs = self.settings.knobs if self.settings.knobs is not None else load()
+        timeout = (
+            self.elastic_timeout if self.elastic_timeout is not None else knobs.elastic_timeout
+        )
+        config = LaunchConfig(
+            command=["<a Ray actor>"],
+            np=self.min_workers,
+            start_timeout=self.settings.timeout_s,
+            settings=knobs,
+            env={},  # the actors keep their own environment; the knobs come from settings
+        )
+        options = ElasticOptions(
+            min_np=self.min_workers,
+            max_np=self.max_workers,
+            host_discovery_script=_RAY_NODES,
+            elastic_timeout=timeout,
+            reset_limit=self.reset_limit,
+            cooldown_range=self.cooldown_range,
+        )
+        job = _RayJob(
+            config, options, self.cpus_per_worker, self.gpus_per_worker, self.settings.nics
+        )
+        self._job = job
+        try:
+            return run_on_job(job, fn, args or (), kwargs, elastic=True)
+        finally:
+            self._job = None
+
+    def shutdown(self) -> None:
+        """Nothing outlives a run (its actors are killed and its store stopped as it ends)."""
