@@ -128,9 +128,9 @@ class RayExecutor:
     ):
         if min_workers is not None or max_workers is not None or reset_limit is not None:
             raise ValueError(
-                "RayExecutor(min_workers=..., max_workers=..., reset_limit=...): elastic Ray "
-                "jobs are not supported by hora yet; give num_workers (or num_hosts) for a "
-                "static job"
+                "RayExecutor(min_workers=..., max_workers=..., reset_limit=...): for an elastic "
+                "job on Ray use hora.ray.ElasticRayExecutor(settings, min_workers, max_workers, "
+                "reset_limit, ...); RayExecutor runs a static job of num_workers (or num_hosts)"
             )
         if (num_workers is None) == (num_hosts is None):
             raise ValueError(

@@ -1,0 +1,123 @@
+"""hora.ray.ElasticRayExecutor on a real local Ray cluster of two nodes (one per module).
+
+A worker whose actor is killed with ray.kill mid-training is survived: its node leaves the
+job, the others roll back to their last commit and finish, and every committed epoch counts
+exactly once. Nothing is left running afterwards; a job that cannot get its minimum fails with
+the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'hora[ray]')")
+
+from hora.errors import LaunchError  # noqa: E402
+from hora.ray import ElasticRayExecutor  # noqa: E402
+
+# the workers cannot import this test module: send its functions by value (the function of an
+# elastic run travels through hora's store, pickled by cloudpickle itself)
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+CPUS_PER_NODE = 2
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": CPUS_PER_NODE, "include_dashboard": False},
+    )
+    try:
+        nodes.add_node(num_cpus=CPUS_PER_NODE)
+        ray.init(address=nodes.address, logging_level="ERROR", log_to_driver=False)
+        nodes.wait_for_nodes()
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()  # also forgets this cluster's address on the machine
+
+
+def _train(flag_dir, epochs):
+    """Elastic training that counts committed epochs: each adds exactly 1.0 to ``total``
+    whatever the world size; at epoch 5 each worker writes its actor id under its worker id."""
+    import numpy as np
+
+    import hora as hvd
+    from hora.elastic import ObjectState, run
+
+    hvd.init()
+    state = ObjectState(hvd.broadcast_object, hvd.rank, epoch=0, total=0.0)
+
+    @run
+    def loop(state):
+        while state.epoch < epochs:
+            out = hvd.allreduce(np.ones(10, np.float32), op=hvd.Sum, name="grad")
+            state.total += float(out[0]) / hvd.size()
+            state.epoch += 1
+            if state.epoch == 5:
+                actor = ray.get_runtime_context().get_actor_id()
+                Path(flag_dir, f"at5.{os.environ['HORA_ELASTIC_ID']}").write_text(actor)
+            time.sleep(0.1)
+            state.commit()
+
+    loop(state)
+    port = int(os.environ["HORA_RENDEZVOUS_PORT"])
+    return hvd.rank(), hvd.size(), state.epoch, state.total, port
+
+
+def _assert_nothing_left(port, deadline_s=60.0):
+    total = CPUS_PER_NODE * 2
+    end = time.monotonic() + deadline_s
+    while ray.available_resources().get("CPU", 0) != total and time.monotonic() < end:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == total, ray.available_resources()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_actor_killed_mid_training_is_survived(cluster, tmp_path):
+    settings = ElasticRayExecutor.create_settings(timeout_s=30)
+    executor = ElasticRayExecutor(settings, min_workers=2, max_workers=4, elastic_timeout=60)
+    head = ray.get_runtime_context().get_node_id()
+    killed = []
+
+    def kill_one_on_the_other_node():
+        while len(list(tmp_path.glob("at5.*"))) < 4:
+            time.sleep(0.05)
+        flag = next(f for f in tmp_path.glob("at5.*") if not f.name[4:].startswith(head))
+        actor_id = flag.read_text()
+        victim = next(a for a in executor.workers if a._actor_id.hex() == actor_id)
+        ray.kill(victim)
+        killed.append(flag.name)
+
+    killer = threading.Thread(target=kill_one_on_the_other_node, daemon=True)
+    killer.start()
+    results = executor.run(_train, args=[str(tmp_path), 30])
+    assert killed, "the actor was not killed"
+    # the two workers of the head node finished; every epoch counted exactly once
+    assert [r[:4] for r in results] == [(0, 2, 30, 30.0), (1, 2, 30, 30.0)]
+    assert executor.workers == []
+    _assert_nothing_left(results[0][4])
+
+
+def test_every_slot_trains_and_a_missing_minimum_fails(cluster, tmp_path):
+    settings = ElasticRayExecutor.create_settings(timeout_s=30)
+    results = ElasticRayExecutor(settings, min_workers=2).run(_train, args=[str(tmp_path), 3])
+    assert [r[:4] for r in results] == [(r, 4, 3, 3.0) for r in range(4)]  # all 4 slots
+    too_many = ElasticRayExecutor(settings, min_workers=5, elastic_timeout=2)
+    with pytest.raises(LaunchError, match="minimum number of slots"):
+        too_many.run(_train, args=[str(tmp_path), 3])
+    with pytest.raises(ValueError, match="min_workers"):
+        ElasticRayExecutor(settings, min_workers=3, max_workers=2)
