@@ -29,10 +29,12 @@ def run_on_job(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     elastic: bool = False,
+    caller: str = "hora.run",
 ) -> list[Any]:
     """Run ``func(*args, **kwargs)`` on every rank of ``job`` (a :class:`Job`, or an elastic
     job built on it); the results ordered by rank. An elastic job's results are those of the
-    ranks of its last round. LaunchError when a rank fails or the job cannot start."""
+    ranks of its last round. LaunchError (its message starting with ``caller``) when a rank
+    fails or the job cannot start."""
     config = job.config
     payload = cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))
     count = config.np
@@ -44,7 +46,7 @@ def run_on_job(
             size_raw = store.get(SIZE_KEY, timeout=0) if store.check([SIZE_KEY]) else b"0"
             count = int(size_raw.decode() or 0) or count
         outcomes = _collect(store, count)
-    return results_in_order(outcomes, count, code, job.failure, config.backend == "mpi")
+    return results_in_order(outcomes, count, code, job.failure, config.backend == "mpi", caller)
 
 
 def _collect(store: StoreClient, count: int) -> dict[int, tuple[Any, ...]]:

@@ -247,7 +247,9 @@ class ElasticRayExecutor:
         )
         self._job = job
         try:
-            return run_on_job(job, fn, args or (), kwargs, elastic=True)
+            return run_on_job(
+                job, fn, args or (), kwargs, elastic=True, caller="ElasticRayExecutor.run"
+            )
         finally:
             self._job = None
 
