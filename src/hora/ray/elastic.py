@@ -94,7 +94,7 @@ class _RayJob(ElasticJob):
         self._cpus = cpus_per_worker
         self._gpus = gpus_per_worker
         self._nics = list(nics)
-        self._driver_node = ray.get_runtime_context().get_node_id()
+        self._store_address = ray.util.get_node_ip_address()
         self._actor_cls: Any = ray.remote(Worker)
         super().__init__(config, options)
 
@@ -128,7 +128,9 @@ class _RayJob(ElasticJob):
         return self
 
     def _address(self, host: str) -> str:
-        return "127.0.0.1" if host == self._driver_node else ray.util.get_node_ip_address()
+        # one address for every worker, the driver node's: a worker that reached the store on
+        # loopback would listen on loopback too, out of reach of the other nodes' workers
+        return self._store_address
 
     def _spawn(  # type: ignore[override]
         self, label: int, host: str, env: dict[str, str], stdout: ConsoleSink, stderr: ConsoleSink
