@@ -121,3 +121,19 @@ def test_every_slot_trains_and_a_missing_minimum_fails(cluster, tmp_path):
         too_many.run(_train, args=[str(tmp_path), 3])
     with pytest.raises(ValueError, match="min_workers"):
         ElasticRayExecutor(settings, min_workers=3, max_workers=2)
+
+
+def test_ray_executor_with_min_workers_runs_elastically(cluster, tmp_path):
+    from hora.ray import RayExecutor
+
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=2, elastic_timeout=60)
+    executor.start()
+    results = executor.run(_train, args=[str(tmp_path), 3])
+    assert [r[:4] for r in results] == [(0, 2, 3, 3.0), (1, 2, 3, 3.0)]
+    with pytest.raises(ValueError, match="only runs functions with run"):
+        executor.execute(lambda _: None)
+    with pytest.raises(ValueError, match="do not go together"):
+        RayExecutor(settings, num_workers=2, min_workers=2)
+    executor.shutdown()
+    _assert_nothing_left(results[0][4])

@@ -10,7 +10,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError("hora.ray needs Ray: pip install 'hora[ray]' (or pip install ray)") from e
 
+from hora.ray.config import RaySettings
 from hora.ray.elastic import ElasticRayExecutor
-from hora.ray.executor import RayExecutor, RaySettings
+from hora.ray.executor import RayExecutor
 
 __all__ = ["ElasticRayExecutor", "RayExecutor", "RaySettings"]

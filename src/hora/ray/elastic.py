@@ -30,7 +30,7 @@ from hora.launch.config import ElasticOptions, LaunchConfig
 from hora.launch.hosts import HostSlots
 from hora.launch.preflight import Preflight
 from hora.launch.process import ConsoleSink
-from hora.ray.executor import RayExecutor, RaySettings
+from hora.ray.config import RaySettings, create_settings
 from hora.ray.worker import Worker
 from hora.rendezvous.server import RendezvousServer
 from hora.settings import load
@@ -160,7 +160,7 @@ class ElasticRayExecutor:
     failed come back, else it stays out of the job.
     """
 
-    create_settings = staticmethod(RayExecutor.create_settings)
+    create_settings = staticmethod(create_settings)
 
     def __init__(
         self,
@@ -187,7 +187,7 @@ class ElasticRayExecutor:
             )
         if cpus_per_worker <= 0 and not use_gpu:
             raise ValueError(f"ElasticRayExecutor: cpus_per_worker={cpus_per_worker} must be > 0")
-        self.settings = settings if settings is not None else RayExecutor.create_settings()
+        self.settings = settings if settings is not None else create_settings()
         self.min_workers = min_workers
         self.max_workers = max_workers
         self.reset_limit = reset_limit

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -37,33 +37,16 @@ from hora.errors import LaunchError
 from hora.launch.api import results_in_order
 from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks
 from hora.launch.workerenv import job_env, rank_env
+from hora.ray.config import RaySettings, create_settings
+from hora.ray.elastic import ElasticRayExecutor
 from hora.ray.worker import Worker
 from hora.rendezvous.server import RendezvousServer
-from hora.settings import Settings, load
+from hora.settings import load
 
 log = logging.getLogger("hora.ray")
 
 # After the first rank fails, how long the others get to finish before every actor is killed.
 FAILURE_GRACE_S = 3.0
-
-
-@dataclass(frozen=True)
-class RaySettings:
-    """What :meth:`RayExecutor.create_settings` returns: Horovod's Ray settings plus the knobs.
-
-    ``timeout_s`` bounds the actors' start-up; ``placement_group_timeout_s`` how long Ray may
-    take to reserve the workers' resources; ``nics`` the interfaces hora's data connections use.
-    ``ssh_identity_file`` and ``ssh_str`` are accepted for Horovod's signature; a Ray job starts
-    no ssh sessions. ``knobs``: the ``HOROVOD_*``/``HORA_*`` settings the workers get (default:
-    read from this process's environment when the executor starts).
-    """
-
-    timeout_s: float = 30.0
-    ssh_identity_file: str | None = None
-    ssh_str: str | None = None
-    placement_group_timeout_s: float = 100.0
-    nics: tuple[str, ...] = ()
-    knobs: Settings | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -86,29 +69,7 @@ class RayExecutor:
     itself runs inside a placement group, the workers use its bundles instead of a new group.
     """
 
-    @staticmethod
-    def create_settings(
-        timeout_s: float = 30,
-        ssh_identity_file: str | None = None,
-        ssh_str: str | None = None,
-        placement_group_timeout_s: float = 100,
-        nics: Sequence[str] | str | None = None,
-    ) -> RaySettings:
-        """Horovod's ``RayExecutor.create_settings``: the settings to pass to the executor."""
-        if timeout_s <= 0 or placement_group_timeout_s <= 0:
-            raise ValueError(
-                f"timeout_s={timeout_s} and placement_group_timeout_s="
-                f"{placement_group_timeout_s}: both must be positive seconds"
-            )
-        names = [nics] if isinstance(nics, str) else list(nics or ())
-        interfaces = tuple(n.strip() for text in names for n in text.split(",") if n.strip())
-        return RaySettings(
-            timeout_s=float(timeout_s),
-            ssh_identity_file=ssh_identity_file,
-            ssh_str=ssh_str,
-            placement_group_timeout_s=float(placement_group_timeout_s),
-            nics=interfaces,
-        )
+    create_settings = staticmethod(create_settings)
 
     def __init__(
         self,
@@ -126,12 +87,32 @@ class RayExecutor:
         elastic_timeout: float | None = None,
         override_discovery: bool = True,
     ):
-        if min_workers is not None or max_workers is not None or reset_limit is not None:
-            raise ValueError(
-                "RayExecutor(min_workers=..., max_workers=..., reset_limit=...): for an elastic "
-                "job on Ray use hora.ray.ElasticRayExecutor(settings, min_workers, max_workers, "
-                "reset_limit, ...); RayExecutor runs a static job of num_workers (or num_hosts)"
+        self._elastic: ElasticRayExecutor | None = None
+        if min_workers is not None or max_workers is not None:
+            if num_workers is not None or num_hosts is not None:
+                raise ValueError(
+                    f"RayExecutor: num_workers={num_workers}/num_hosts={num_hosts} (a static "
+                    f"job) and min_workers={min_workers}/max_workers={max_workers} (an elastic "
+                    "one) do not go together; give one or the other"
+                )
+            self._elastic = ElasticRayExecutor(
+                settings,
+                min_workers=min_workers if min_workers is not None else 1,
+                max_workers=max_workers,
+                reset_limit=reset_limit,
+                cpus_per_worker=cpus_per_worker,
+                use_gpu=use_gpu,
+                gpus_per_worker=gpus_per_worker,
+                override_discovery=override_discovery,
+                elastic_timeout=elastic_timeout,
             )
+            self.settings = self._elastic.settings
+            self.num_workers = self.num_hosts = None
+            self._ranks: list[_Rank] = []
+            self._server: RendezvousServer | None = None
+            self._pg: PlacementGroup | None = None
+            self._own_pg = False
+            return
         if (num_workers is None) == (num_hosts is None):
             raise ValueError(
                 f"RayExecutor: give exactly one of num_workers (got {num_workers}) and "
@@ -158,15 +139,17 @@ class RayExecutor:
         self.use_gpu = use_gpu
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
         self.use_current_placement_group = use_current_placement_group
-        self._ranks: list[_Rank] = []
-        self._server: RendezvousServer | None = None
-        self._pg: PlacementGroup | None = None
+        self._ranks = []
+        self._server = None
+        self._pg = None
         self._own_pg = False
 
     # -- size ----------------------------------------------------------------------------
     @property
     def num_ranks(self) -> int:
-        """How many ranks the job has."""
+        """How many ranks the job has (an elastic job: its minimum)."""
+        if self._elastic is not None:
+            return self._elastic.min_workers
         if self.num_workers is not None:
             return self.num_workers
         assert self.num_hosts is not None
@@ -174,7 +157,10 @@ class RayExecutor:
 
     @property
     def workers(self) -> list[Any]:
-        """The running ranks' Ray actor handles in rank order (empty when none runs)."""
+        """The running ranks' Ray actor handles in rank order (empty when none runs; an
+        elastic job's live workers while it runs)."""
+        if self._elastic is not None:
+            return self._elastic.workers
         return [rank.actor for rank in self._ranks]
 
     # -- start ---------------------------------------------------------------------------
@@ -192,6 +178,15 @@ class RayExecutor:
         LaunchError when Ray cannot place the workers within ``placement_group_timeout_s`` or
         they do not start within ``timeout_s``; nothing is left running then.
         """
+        if self._elastic is not None:
+            if executable_cls is not None or extra_env_vars:
+                raise ValueError(
+                    "RayExecutor.start(): an elastic executor (min_workers/max_workers) starts "
+                    "its workers with each run(fn); executable_cls and extra_env_vars are for "
+                    "a static one (num_workers)"
+                )
+            self._elastic.start()
+            return
         if self._ranks:
             raise LaunchError("RayExecutor.start(): already started; call shutdown() first")
         if not ray.is_initialized():
@@ -320,6 +315,8 @@ class RayExecutor:
         the rank (chained to its exception) when one raises or its actor dies; the job then
         ends (:meth:`start` again for a new one)."""
         self._check_callbacks(callbacks)
+        if self._elastic is not None:
+            return self._elastic.run(fn, args, kwargs)
         actors = self._actors()
         refs = [a.outcome.remote(fn, tuple(args or ()), dict(kwargs or {})) for a in actors]
         return self._gather(refs, "run")
@@ -365,6 +362,12 @@ class RayExecutor:
             raise ValueError("RayExecutor: callbacks are not supported by hora; pass None")
 
     def _actors(self) -> list[Any]:
+        if self._elastic is not None:
+            raise ValueError(
+                "RayExecutor: an elastic executor (min_workers/max_workers) only runs functions "
+                "with run(fn); execute, execute_single and run_remote need a static one "
+                "(num_workers)"
+            )
         if not self._ranks:
             raise LaunchError(
                 "RayExecutor: no workers are running; call start() (again, after shutdown() "
