@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -34,6 +35,11 @@ from hora.spark.task import EXIT_KEY, FAILED_KEY, STARTED_KEY, TASK_KEY, TaskSpe
 log = logging.getLogger("hora.spark")
 
 _POLL = 0.1  # seconds between two looks at the store and at Spark's status tracker
+_ABORT_WAIT = 5.0  # seconds Spark gets to abort a stage that lost a task before hora cancels
+# how Spark's abort message names the failed task's partition
+_LOST_TASK = re.compile(
+    r"Lost task (\d+)\.\d+ in stage|Task (\d+) in stage \S+ failed|ResultTask\(\d+, (\d+)\)"
+)
 
 
 def _spark_context() -> Any:
@@ -53,9 +59,17 @@ def _spark_context() -> Any:
 
 
 def _first_line(error: BaseException) -> str:
-    """The first non-empty line of a (Java-sized) Spark error's text."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
+    """The gist of a (Java-sized) Spark error: its first two lines that are not py4j's
+    wrapper or a Java stack frame."""
+    lines = [
+        line.strip().lstrip(": ")
+        for line in str(error).splitlines()
+        if line.strip()
+        and not line.strip().startswith("at ")
+        and "An error occurred while calling" not in line
+    ]
+    text = " / ".join(lines[:2]) if lines else type(error).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 class SparkJob(Job):
@@ -156,8 +170,10 @@ class SparkJob(Job):
                 return self._spark_failed(store, _first_line(self._spark_error))
             lost = self._failed_tasks()
             if lost:
-                self._sc.cancelJobGroup(self._group)
-                self._thread.join(timeout=60.0)
+                # let Spark abort the stage itself (its message names the lost task), then
+                # cancel whatever still runs
+                self._thread.join(timeout=_ABORT_WAIT)
+                self._cancel()
                 if store.add(FAILED_KEY, 0) > 0:
                     return self._rank_failed(store)
                 why = f"Spark reports {lost} failed task(s)"
@@ -209,18 +225,28 @@ class SparkJob(Job):
         np = self.config.np
         if any(store.check([RESULT_KEY.format(rank=r)]) for r in range(np)):
             return 1  # run_on_job reports a rank's exception, or the missing ranks
-        ranks = {}
+        ranks: dict[int, str] = {}
+        by_partition: dict[int, tuple[int, str]] = {}
         for partition in range(np):
             key = TASK_KEY.format(partition=partition)
             if store.check([key]):
                 rank, host, _ = store.get(key, timeout=0).decode().split(" ", 2)
                 ranks[int(rank)] = host
+                by_partition[int(rank)] = (partition, host)
         exited = [r for r in ranks if store.check([EXIT_KEY.format(rank=r)])]
         missing = sorted(r for r in ranks if r not in exited)
         where = ", ".join(f"rank {r} on {ranks[r]}" for r in missing) or "none had started"
+        text = str(self._spark_error or "")
+        match = _LOST_TASK.search(text)
+        lost = ""
+        if match:
+            partition = int(next(g for g in match.groups() if g is not None))
+            for rank, (part, host) in by_partition.items():
+                if part == partition:
+                    lost = f"the Spark task of rank {rank} on {host} was lost; "
         raise LaunchError(
-            f"hora.spark.run: the Spark stage failed before every rank returned ({why}); "
-            f"ranks without an exit status: {where}"
+            f"hora.spark.run: {lost}the Spark stage failed before every rank returned "
+            f"({why}); ranks without an exit status: {where}"
         )
 
 

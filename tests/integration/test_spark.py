@@ -1,0 +1,148 @@
+"""hora.spark.run on a real local Spark (``local[2]``): one SparkSession for the module.
+
+Results come back in rank order with each rank's identity and the ``env=`` it was given; a
+rank that raises makes run raise naming the rank with its traceback; a Spark task killed
+mid-job fails the job (never a hang) naming the rank; too few task slots gives the
+start_timeout message; and no rank process is left running after any of them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'hora[spark]')")
+if shutil.which("java") is None:
+    pytest.skip("no java on PATH: Spark needs a Java runtime", allow_module_level=True)
+
+from hora.errors import LaunchError  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("hora-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("FATAL")
+    yield session
+    session.stop()
+
+
+def _gone(pids: list[int], wait: float = 30.0) -> list[int]:
+    """The pids among ``pids`` still alive after up to ``wait`` seconds."""
+    end = time.monotonic() + wait
+    alive = pids
+    while alive and time.monotonic() < end:
+        alive = [p for p in alive if os.path.exists(f"/proc/{p}")]
+        time.sleep(0.2)
+    return alive
+
+
+def _make_who(piddir: str):
+    def who(tag: str) -> tuple[int, int, int, int, str, str]:
+        import os
+
+        import numpy as np
+
+        import hora as hvd
+
+        with open(os.path.join(piddir, str(os.getpid())), "w"):
+            pass
+        hvd.init()
+        total = float(hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)[0])
+        out = (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), str(total))
+        hvd.shutdown()
+        return (*out, tag + os.environ.get("HORA_TEST_SPARK_VAR", "<unset>"))
+
+    return who
+
+
+def test_results_in_rank_order_with_env(spark, tmp_path) -> None:
+    import hora.spark
+
+    env = {**os.environ, "HORA_TEST_SPARK_VAR": "from-driver"}
+    results = hora.spark.run(_make_who(str(tmp_path)), args=("v=",), num_proc=2, env=env)
+    assert results == [
+        (0, 2, 0, 2, "3.0", "v=from-driver"),
+        (1, 2, 1, 2, "3.0", "v=from-driver"),
+    ]
+    pids = [int(p) for p in os.listdir(tmp_path)]
+    assert len(pids) == 2 and _gone(pids) == []
+
+
+def _make_raiser(piddir: str):
+    def raiser() -> int:
+        import os
+        import time
+
+        with open(os.path.join(piddir, str(os.getpid())), "w"):
+            pass
+        if os.environ["HORA_RANK"] == "1":
+            raise KeyError("no such column: label_1")
+        time.sleep(600)  # rank 0 must be stopped by the failure, not finish by itself
+        return 0
+
+    return raiser
+
+
+def test_exception_names_the_rank_and_carries_the_traceback(spark, tmp_path) -> None:
+    import hora.spark
+
+    with pytest.raises(LaunchError, match="rank 1 raised") as info:
+        hora.spark.run(_make_raiser(str(tmp_path)), num_proc=2)
+    assert "KeyError: 'no such column: label_1'" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)
+    pids = [int(p) for p in os.listdir(tmp_path)]
+    assert len(pids) == 2 and _gone(pids) == []
+
+
+def _make_task_killer(piddir: str):
+    def killer() -> int:
+        import os
+        import signal
+        import time
+
+        with open(os.path.join(piddir, str(os.getpid())), "w"):
+            pass
+        if os.environ["HORA_RANK"] == "1":
+            # this rank's parent is the wrapper shell; its parent is the Spark task's Python
+            # worker: kill that, as Spark or the OS would when an executor dies
+            with open(f"/proc/{os.getppid()}/stat") as f:
+                task_pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            os.kill(task_pid, signal.SIGKILL)
+        time.sleep(600)
+        return 0
+
+    return killer
+
+
+def test_killed_task_fails_the_job_naming_the_rank(spark, tmp_path) -> None:
+    import hora.spark
+
+    with pytest.raises(LaunchError, match="the Spark task of rank 1 .* was lost"):
+        hora.spark.run(_make_task_killer(str(tmp_path)), num_proc=2)
+    pids = [int(p) for p in os.listdir(tmp_path)]
+    assert len(pids) == 2 and _gone(pids) == []
+
+
+def test_too_few_slots_gives_the_start_timeout_message(spark) -> None:
+    import hora.spark
+
+    with pytest.raises(LaunchError, match=r"only 0 of num_proc=3 Spark tasks started"):
+        hora.spark.run(lambda: 0, num_proc=3, start_timeout=2)
+    # the session is usable afterwards: nothing of the refused job holds its slots
+    assert hora.spark.run(lambda: 5, num_proc=2) == [5, 5]

@@ -1,0 +1,37 @@
+"""hora.spark's rank placement: ranks grouped by executor host, local ranks within a host."""
+
+from __future__ import annotations
+
+import pytest
+
+from hora.spark.task import place
+
+
+def test_ranks_are_grouped_by_host_in_order_of_first_task() -> None:
+    # partitions 0 and 2 run on host b, 1 and 3 on host a (b's first task comes first)
+    slots = place(["b:7001", "a:7002", "b:7003", "a:7004"])
+    assert [s.rank for s in slots] == [0, 2, 1, 3]
+    assert [s.hostname for s in slots] == ["b", "a", "b", "a"]
+    assert [s.local_rank for s in slots] == [0, 0, 1, 1]
+    assert all(s.local_size == 2 and s.size == 4 and s.cross_size == 2 for s in slots)
+    assert [s.cross_rank for s in slots] == [0, 1, 0, 1]
+
+
+def test_uneven_hosts() -> None:
+    slots = place(["h1:1", "h2:1", "h1:2"])
+    by_rank = sorted(slots, key=lambda s: s.rank)
+    assert [(s.hostname, s.local_rank, s.local_size) for s in by_rank] == [
+        ("h1", 0, 2),
+        ("h1", 1, 2),
+        ("h2", 0, 1),
+    ]
+    assert [s.cross_size for s in by_rank] == [2, 1, 2]
+
+
+def test_run_refuses_mpi_before_needing_spark() -> None:
+    import hora.spark
+
+    with pytest.raises(ValueError, match="use_mpi=True is not supported"):
+        hora.spark.run(print, use_mpi=True)
+    with pytest.raises(ValueError, match="use_gloo and use_mpi"):
+        hora.spark.run(print, use_mpi=True, use_gloo=True)
