@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 import time
 
 import pytest
@@ -40,6 +41,18 @@ def spark():
     session.sparkContext.setLogLevel("FATAL")
     yield session
     session.stop()
+
+
+def _hora_threads(wait: float = 10.0) -> list[str]:
+    """hora's driver-side threads (the stage's thread, the store's listener) still alive
+    after up to ``wait`` seconds (a stopped store's listener thread ends on its own)."""
+    names = ("hora-spark-job", "hora-store-accept")
+    end = time.monotonic() + wait
+    while True:
+        alive = [t.name for t in threading.enumerate() if t.name in names]
+        if not alive or time.monotonic() > end:
+            return alive
+        time.sleep(0.1)
 
 
 def _gone(pids: list[int], wait: float = 30.0) -> list[int]:
@@ -82,6 +95,7 @@ def test_results_in_rank_order_with_env(spark, tmp_path) -> None:
     ]
     pids = [int(p) for p in os.listdir(tmp_path)]
     assert len(pids) == 2 and _gone(pids) == []
+    assert _hora_threads() == []
 
 
 def _make_raiser(piddir: str):
@@ -91,6 +105,8 @@ def _make_raiser(piddir: str):
 
         with open(os.path.join(piddir, str(os.getpid())), "w"):
             pass
+        while len(os.listdir(piddir)) < 2:  # both ranks run before rank 1 fails
+            time.sleep(0.05)
         if os.environ["HORA_RANK"] == "1":
             raise KeyError("no such column: label_1")
         time.sleep(600)  # rank 0 must be stopped by the failure, not finish by itself
@@ -108,6 +124,7 @@ def test_exception_names_the_rank_and_carries_the_traceback(spark, tmp_path) -> 
     assert isinstance(info.value.__cause__, KeyError)
     pids = [int(p) for p in os.listdir(tmp_path)]
     assert len(pids) == 2 and _gone(pids) == []
+    assert _hora_threads() == []
 
 
 def _make_task_killer(piddir: str):
@@ -118,6 +135,8 @@ def _make_task_killer(piddir: str):
 
         with open(os.path.join(piddir, str(os.getpid())), "w"):
             pass
+        while len(os.listdir(piddir)) < 2:  # both ranks run before rank 1's task dies
+            time.sleep(0.05)
         if os.environ["HORA_RANK"] == "1":
             # this rank's parent is the wrapper shell; its parent is the Spark task's Python
             # worker: kill that, as Spark or the OS would when an executor dies
@@ -137,6 +156,7 @@ def test_killed_task_fails_the_job_naming_the_rank(spark, tmp_path) -> None:
         hora.spark.run(_make_task_killer(str(tmp_path)), num_proc=2)
     pids = [int(p) for p in os.listdir(tmp_path)]
     assert len(pids) == 2 and _gone(pids) == []
+    assert _hora_threads() == []
 
 
 def test_too_few_slots_gives_the_start_timeout_message(spark) -> None:
@@ -144,5 +164,6 @@ def test_too_few_slots_gives_the_start_timeout_message(spark) -> None:
 
     with pytest.raises(LaunchError, match=r"only 0 of num_proc=3 Spark tasks started"):
         hora.spark.run(lambda: 0, num_proc=3, start_timeout=2)
+    assert _hora_threads() == []
     # the session is usable afterwards: nothing of the refused job holds its slots
     assert hora.spark.run(lambda: 5, num_proc=2) == [5, 5]
