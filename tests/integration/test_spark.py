@@ -167,3 +167,35 @@ def test_too_few_slots_gives_the_start_timeout_message(spark) -> None:
     assert _hora_threads() == []
     # the session is usable afterwards: nothing of the refused job holds its slots
     assert hora.spark.run(lambda: 5, num_proc=2) == [5, 5]
+
+
+def test_example_trains_on_a_dataframe(spark, tmp_path) -> None:
+    """examples/spark_torch_mnist.py's training function on data Spark wrote (2 epochs)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    import importlib.util
+
+    from sklearn.datasets import load_digits
+
+    import hora.spark
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "examples", "spark_torch_mnist.py")
+    spec = importlib.util.spec_from_file_location("spark_torch_mnist", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    digits = load_digits()
+    rows = [(i, [float(v) for v in digits.data[i]], int(digits.target[i])) for i in range(1500)]
+    df = spark.createDataFrame(rows, ["id", "features", "label"])
+    df.repartition(2).write.json(str(tmp_path / "train"))
+    spark.createDataFrame(
+        [(i, [float(v) for v in digits.data[i]], int(digits.target[i])) for i in range(1500, 1797)],
+        ["id", "features", "label"],
+    ).write.json(str(tmp_path / "test"))
+    accuracies = hora.spark.run(
+        example.train,
+        args=(str(tmp_path / "train"), str(tmp_path / "test"), 2, 32, 0.05),
+        num_proc=2,
+    )
+    assert len(accuracies) == 2 and accuracies[0] == accuracies[1] and accuracies[0] > 0.5
