@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         SparkSession.builder.master(args.master)
         .appName("hora-spark-torch-digits")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
