@@ -98,6 +98,25 @@ def test_results_in_rank_order_with_env(spark, tmp_path) -> None:
     assert _hora_threads() == []
 
 
+def test_output_reaches_the_given_streams(spark) -> None:
+    import io
+
+    import hora.spark
+
+    def talk() -> None:
+        import os
+        import sys
+
+        rank = os.environ["HORA_RANK"]
+        print(f"out of {rank}")
+        print(f"err of {rank}", file=sys.stderr)
+
+    out, err = io.StringIO(), io.StringIO()
+    assert hora.spark.run(talk, num_proc=2, stdout=out, stderr=err) == [None, None]
+    assert sorted(out.getvalue().splitlines()) == ["[0]<stdout>:out of 0", "[1]<stdout>:out of 1"]
+    assert sorted(err.getvalue().splitlines()) == ["[0]<stderr>:err of 0", "[1]<stderr>:err of 1"]
+
+
 def _make_raiser(piddir: str):
     def raiser() -> int:
         import os

@@ -30,6 +30,7 @@ from hora.launch.workerenv import job_env
 from hora.rendezvous.client import StoreClient
 from hora.rendezvous.server import RendezvousServer
 from hora.settings import env_lookup, load
+from hora.spark.output import OutputServer
 from hora.spark.task import EXIT_KEY, FAILED_KEY, STARTED_KEY, TASK_KEY, TaskSpec, barrier_task
 
 log = logging.getLogger("hora.spark")
@@ -80,8 +81,17 @@ class SparkJob(Job):
     still runs, waits for Spark to end it, and stops the store.
     """
 
-    def __init__(self, config: LaunchConfig, sc: Any, driver_host: str, executable: str | None):
+    def __init__(
+        self,
+        config: LaunchConfig,
+        sc: Any,
+        driver_host: str,
+        executable: str | None,
+        targets: dict[str, Any] | None = None,
+    ):
         super().__init__(config)
+        self._targets = dict(targets or {})
+        self._output: OutputServer | None = None
         self._sc = sc
         self._driver_host = driver_host
         self._executable = executable
@@ -94,6 +104,8 @@ class SparkJob(Job):
         self.port = server.start()
         self._server = server
         self._say("rendezvous store listening on %s:%d", self._driver_host, self.port)
+        if self._targets:
+            self._output = OutputServer(self.secret, self._targets)
         return self
 
     def __exit__(
@@ -104,6 +116,8 @@ class SparkJob(Job):
     ) -> None:
         try:
             self._cancel()
+            if self._output is not None:
+                self._output.close()
         finally:
             super().__exit__(exc_type, exc, tb)
 
@@ -138,6 +152,8 @@ class SparkJob(Job):
             grace_seconds=cfg.grace_seconds,
             timestamp=cfg.prefix_timestamp,
             store_timeout=cfg.start_timeout,
+            output_port=self._output.port if self._output is not None else None,
+            forward=tuple(self._targets),
         )
         self._thread = threading.Thread(
             target=self._submit, args=(spec,), name="hora-spark-job", daemon=True
@@ -276,9 +292,10 @@ def run(
     laid over the executor's own; the ``HOROVOD_*``/``HORA_*`` knobs in it reach every rank.
     ``use_gloo`` selects the Gloo backend; ``nics`` names the interfaces the ranks use.
     ``executable`` is the Python the ranks run (default the executors' own). ``stdout`` and
-    ``stderr``: the ranks' output goes, prefixed with the rank, to the executors' standard
-    output and error (in ``local`` and ``local-cluster`` masters, this process's console);
-    only ``None`` is supported. ``use_mpi=True`` raises: ranks in Spark tasks are not started
+    ``stderr``: streams in this process that receive the ranks' output lines (prefixed with
+    the rank); ``None`` leaves that output on the executors' standard output and error (in
+    ``local`` and ``local-cluster`` masters, this process's console). ``use_mpi=True`` raises:
+    ranks in Spark tasks are not started
     by mpirun, so ``extra_mpi_args`` has nothing to apply to.
 
     Raises LaunchError naming the rank when a rank raises (chained to its exception, with its
@@ -292,11 +309,6 @@ def run(
             "hora.spark.run: use_mpi=True is not supported: the ranks run in Spark tasks, "
             "which mpirun does not start; leave use_mpi unset (hora's native backend) or "
             "pass use_gloo=True"
-        )
-    if stdout is not None or stderr is not None:
-        raise ValueError(
-            "hora.spark.run: stdout/stderr streams are not supported yet; the ranks' output "
-            "goes to the executors' standard output and error"
         )
     sc = _spark_context()
     base = os.environ if env is None else env
@@ -319,5 +331,6 @@ def run(
         env=dict(base),
     )
     driver_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
-    job = SparkJob(config, sc, driver_host, executable)
+    targets = {n: s for n, s in (("stdout", stdout), ("stderr", stderr)) if s is not None}
+    job = SparkJob(config, sc, driver_host, executable, targets)
     return run_on_job(job, fn, args, kwargs)

@@ -11,6 +11,7 @@ and stops the rank. Runs in the Spark Python worker's task thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
@@ -23,6 +24,7 @@ from hora.launch.job import exit_status
 from hora.launch.process import ConsoleSink, Worker, wrapper_script
 from hora.launch.workerenv import exportable, rank_env
 from hora.rendezvous.client import StoreClient
+from hora.spark import output
 
 STARTED_KEY = "spark/started"  # counter: tasks that started their rank
 FAILED_KEY = "spark/failed"  # counter: ranks that exited non-zero
@@ -42,6 +44,8 @@ class TaskSpec:
     grace_seconds: float = 5.0
     timestamp: bool = False
     store_timeout: float = 30.0
+    output_port: int | None = None  # the driver's OutputServer, when it forwards output
+    forward: tuple[str, ...] = ()  # the streams it forwards ("stdout", "stderr")
 
 
 def place(addresses: Sequence[str]) -> list[SlotInfo]:
@@ -67,17 +71,29 @@ def run_rank(spec: TaskSpec, partition: int, addresses: Sequence[str]) -> tuple[
     command = [spec.executable or sys.executable, "-m", "hora.launch.task"]
     script = wrapper_script(command, grace_seconds=spec.grace_seconds)
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
-    with StoreClient(
-        spec.store_addr, spec.store_port, spec.secret, timeout=spec.store_timeout
-    ) as store:
+    sinks = {"stdout": ConsoleSink(sys.stdout), "stderr": ConsoleSink(sys.stderr)}
+    forwarded = []
+    for name in spec.forward:
+        assert spec.output_port is not None
+        conn = output.connect(
+            spec.store_addr, spec.output_port, spec.secret, name, spec.store_timeout
+        )
+        forwarded.append(conn)
+        sinks[name] = ConsoleSink(conn)
+    with contextlib.ExitStack() as cleanup:
+        for conn in forwarded:
+            cleanup.callback(conn.close)
+        store = cleanup.enter_context(
+            StoreClient(spec.store_addr, spec.store_port, spec.secret, timeout=spec.store_timeout)
+        )
         Worker(
             slot.rank,
             local.worker_argv(script),
             env=env,
             cwd=None,
             stdin_data=spec.secret.hex().encode() + b"\n",
-            stdout=ConsoleSink(sys.stdout),
-            stderr=ConsoleSink(sys.stderr),
+            stdout=sinks["stdout"],
+            stderr=sinks["stderr"],
             exits=exits,
             timestamp=spec.timestamp,
         )
