@@ -246,9 +246,9 @@ class SparkJob(Job):
         for partition in range(np):
             key = TASK_KEY.format(partition=partition)
             if store.check([key]):
-                rank, host, _ = store.get(key, timeout=0).decode().split(" ", 2)
-                ranks[int(rank)] = host
-                by_partition[int(rank)] = (partition, host)
+                text_rank, host, _ = store.get(key, timeout=0).decode().split(" ", 2)
+                ranks[int(text_rank)] = host
+                by_partition[int(text_rank)] = (partition, host)
         exited = [r for r in ranks if store.check([EXIT_KEY.format(rank=r)])]
         missing = sorted(r for r in ranks if r not in exited)
         where = ", ".join(f"rank {r} on {ranks[r]}" for r in missing) or "none had started"
@@ -257,9 +257,9 @@ class SparkJob(Job):
         lost = ""
         if match:
             partition = int(next(g for g in match.groups() if g is not None))
-            for rank, (part, host) in by_partition.items():
+            for rank, (part, where_) in by_partition.items():
                 if part == partition:
-                    lost = f"the Spark task of rank {rank} on {host} was lost; "
+                    lost = f"the Spark task of rank {rank} on {where_} was lost; "
         raise LaunchError(
             f"hora.spark.run: {lost}the Spark stage failed before every rank returned "
             f"({why}); ranks without an exit status: {where}"

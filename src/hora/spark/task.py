@@ -79,7 +79,7 @@ def run_rank(spec: TaskSpec, partition: int, addresses: Sequence[str]) -> tuple[
             spec.store_addr, spec.output_port, spec.secret, name, spec.store_timeout
         )
         forwarded.append(conn)
-        sinks[name] = ConsoleSink(conn)
+        sinks[name] = ConsoleSink(conn)  # type: ignore[arg-type]  # a binary stream
     with contextlib.ExitStack() as cleanup:
         for conn in forwarded:
             cleanup.callback(conn.close)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from hora.spark.task import place
@@ -35,3 +37,21 @@ def test_run_refuses_mpi_before_needing_spark() -> None:
         hora.spark.run(print, use_mpi=True)
     with pytest.raises(ValueError, match="use_gloo and use_mpi"):
         hora.spark.run(print, use_mpi=True, use_gloo=True)
+
+
+# horovod.spark.run's parameters and defaults, in its order (horovod/spark/runner.py, 0.28.1)
+HOROVOD_SPARK_RUN = [
+    ("fn", inspect.Parameter.empty), ("args", ()), ("kwargs", {}), ("num_proc", None),
+    ("start_timeout", None), ("use_mpi", None), ("use_gloo", None), ("extra_mpi_args", None),
+    ("env", None), ("stdout", None), ("stderr", None), ("verbose", 1), ("nics", None),
+    ("prefix_output_with_timestamp", False), ("executable", None),
+]  # fmt: skip
+
+
+def test_signature_is_horovod_spark_runs() -> None:
+    import hora.spark
+
+    params = inspect.signature(hora.spark.run).parameters.values()
+    # kwargs=None stands for Horovod's {} (no shared mutable default); it means the same
+    got = [(p.name, {} if p.name == "kwargs" and p.default is None else p.default) for p in params]
+    assert got == HOROVOD_SPARK_RUN
