@@ -28,10 +28,10 @@ class OutputServer:
     them after the readers have drained what was sent.
     """
 
-    def __init__(self, secret: bytes, targets: dict[str, Any]):
+    def __init__(self, secret: bytes, targets: dict[str, Any], host: str = "0.0.0.0"):
         self._secret = secret.hex().encode()
         self._sinks = {name: ConsoleSink(stream) for name, stream in targets.items()}
-        self._listener = socket.create_server(("0.0.0.0", 0), backlog=64)
+        self._listener = socket.create_server((host, 0), backlog=64)
         self.port = int(self._listener.getsockname()[1])
         self._readers: list[threading.Thread] = []
         self._conns: list[socket.socket] = []

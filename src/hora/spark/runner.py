@@ -12,9 +12,11 @@ thread; each call is its own job.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
+import socket
 import threading
 import time
 import uuid
@@ -59,6 +61,19 @@ def _spark_context() -> Any:
     return sc
 
 
+def _bind_address(driver_host: str, listen_any: bool) -> str:
+    """Where the driver's store listens: loopback when the tasks reach the driver there (a
+    ``local`` or ``local-cluster`` master with ``spark.driver.host`` on loopback), else every
+    interface (the executors' hosts are not known before the tasks run)."""
+    if listen_any:
+        return "0.0.0.0"
+    try:
+        address = socket.gethostbyname(driver_host)
+    except OSError:
+        return "0.0.0.0"
+    return "127.0.0.1" if ipaddress.ip_address(address).is_loopback else "0.0.0.0"
+
+
 def _first_line(error: BaseException) -> str:
     """The gist of a (Java-sized) Spark error: its first two lines that are not py4j's
     wrapper or a Java stack frame."""
@@ -100,12 +115,16 @@ class SparkJob(Job):
         self._spark_error: BaseException | None = None
 
     def __enter__(self) -> SparkJob:
-        server = RendezvousServer(self.secret, host="0.0.0.0", port=0)
+        settings = self.config.settings
+        bind = _bind_address(self._driver_host, settings.listen_any)
+        server = RendezvousServer(
+            self.secret, host=bind, port=0, handshake_timeout=settings.handshake_timeout_seconds
+        )
         self.port = server.start()
         self._server = server
-        self._say("rendezvous store listening on %s:%d", self._driver_host, self.port)
+        self._say("rendezvous store listening on %s:%d", bind, self.port)
         if self._targets:
-            self._output = OutputServer(self.secret, self._targets)
+            self._output = OutputServer(self.secret, self._targets, bind)
         return self
 
     def __exit__(
