@@ -8,6 +8,6 @@ does not import pyspark.
 
 from __future__ import annotations
 
-from hora.spark.runner import run
+from hora.spark.runner import run, run_elastic
 
-__all__ = ["run"]
+__all__ = ["run", "run_elastic"]

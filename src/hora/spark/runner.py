@@ -353,3 +353,32 @@ def run(
     targets = {n: s for n, s in (("stdout", stdout), ("stderr", stderr)) if s is not None}
     job = SparkJob(config, sc, driver_host, executable, targets)
     return run_on_job(job, fn, args, kwargs)
+
+
+def run_elastic(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    num_proc: int | None = None,
+    min_num_proc: int | None = None,
+    max_num_proc: int | None = None,
+    start_timeout: float | None = None,
+    elastic_timeout: float | None = None,
+    reset_limit: int | None = None,
+    env: Mapping[str, str] | None = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    verbose: int = 1,
+    nics: Iterable[str] | None = None,
+    prefix_output_with_timestamp: bool = False,
+    min_np: int | None = None,
+    max_np: int | None = None,
+) -> list[Any]:
+    """``horovod.spark.run_elastic``'s signature; not implemented yet: raises
+    NotImplementedError saying what to use instead (docs/spark.md)."""
+    raise NotImplementedError(
+        "hora.spark.run_elastic is not implemented yet: use hora.spark.run (a static job: a "
+        "lost task ends it with an error naming the rank), or an elastic job started with "
+        "hora.run(fn, min_num_proc=..., max_num_proc=...) or hora run --min-np on hosts "
+        "(docs/elastic.md)"
+    )

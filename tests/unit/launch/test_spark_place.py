@@ -55,3 +55,12 @@ def test_signature_is_horovod_spark_runs() -> None:
     # kwargs=None stands for Horovod's {} (no shared mutable default); it means the same
     got = [(p.name, {} if p.name == "kwargs" and p.default is None else p.default) for p in params]
     assert got == HOROVOD_SPARK_RUN
+
+
+def test_run_elastic_says_it_is_not_there_yet() -> None:
+    import hora.spark
+
+    names = list(inspect.signature(hora.spark.run_elastic).parameters)
+    assert names[:6] == ["fn", "args", "kwargs", "num_proc", "min_num_proc", "max_num_proc"]
+    with pytest.raises(NotImplementedError, match="run_elastic is not implemented yet"):
+        hora.spark.run_elastic(print, num_proc=2, min_num_proc=1)
