@@ -218,3 +218,58 @@ def test_example_trains_on_a_dataframe(spark, tmp_path) -> None:
         num_proc=2,
     )
     assert len(accuracies) == 2 and accuracies[0] == accuracies[1] and accuracies[0] > 0.5
+
+
+def test_torch_estimator_fits_and_transforms(spark, tmp_path) -> None:
+    """TorchEstimator.fit writes the DataFrame to the store, trains on 2 ranks (history,
+    checkpoint); TorchModel.transform adds the predictions."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("sklearn")
+    from sklearn.datasets import load_digits
+
+    from hora.spark.common.store import Store
+    from hora.spark.torch import TorchEstimator
+
+    digits = load_digits()
+    rows = [
+        ([float(v) for v in digits.data[i] / 16.0], int(digits.target[i]), i % 5 == 0)
+        for i in range(len(digits.target))
+    ]
+    df = spark.createDataFrame(rows, ["features", "label", "is_val"])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    store = Store.create(str(tmp_path))
+    marks = str(tmp_path / "callbacks")
+
+    def callback(epoch: int, metrics: dict) -> None:
+        with open(marks, "a") as f:
+            f.write(f"{epoch} {sorted(metrics)}\n")
+
+    estimator = TorchEstimator(
+        num_proc=2,
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+        loss=torch.nn.functional.cross_entropy,
+        feature_cols=["features"],
+        label_cols=["label"],
+        batch_size=32,
+        epochs=3,
+        store=store,
+        validation="is_val",
+        callbacks=[callback],
+        random_seed=1,
+    )
+    trained = estimator.fit(df)
+    history = trained.getHistory()
+    assert len(history) == 3 and history[-1]["train_loss"] < history[0]["train_loss"]
+    assert "val_loss" in history[0]
+    assert os.path.exists(store.get_checkpoint_path(trained.run_id))
+    assert os.path.isdir(store.get_train_data_path())
+    out = trained.transform(df.filter(df.is_val)).collect()
+    assert len(out) == len([r for r in rows if r[2]])
+    right = sum(max(range(10), key=lambda k: r["label__output"][k]) == r["label"] for r in out)
+    assert right / len(out) > 0.5
+    with open(marks) as f:  # each rank ran the callback after each epoch
+        lines = sorted(f.read().splitlines())
+    assert lines == sorted(f"{e} ['train_loss', 'val_loss']" for e in (0, 0, 1, 1, 2, 2))

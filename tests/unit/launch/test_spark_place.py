@@ -64,3 +64,16 @@ def test_run_elastic_says_it_is_not_there_yet() -> None:
     assert names[:6] == ["fn", "args", "kwargs", "num_proc", "min_num_proc", "max_num_proc"]
     with pytest.raises(NotImplementedError, match="run_elastic is not implemented yet"):
         hora.spark.run_elastic(print, num_proc=2, min_num_proc=1)
+
+
+def test_store_create_local_and_unsupported(tmp_path) -> None:
+    from hora.spark.common.store import LocalStore, Store
+
+    store = Store.create(f"file://{tmp_path}")
+    assert isinstance(store, LocalStore)
+    assert store.get_train_data_path().startswith(str(tmp_path))
+    assert store.get_checkpoint_path("r1") == str(tmp_path / "runs" / "r1" / "checkpoint.pt")
+    assert store.get_val_data_path(2).endswith("intermediate_val_data.2")
+    for path, name in (("hdfs://nn/x", "HDFSStore"), ("s3a://b/x", "S3Store")):
+        with pytest.raises(NotImplementedError, match=name):
+            Store.create(path)
