@@ -55,6 +55,16 @@ def _hora_threads(wait: float = 10.0) -> list[str]:
         time.sleep(0.1)
 
 
+def _spark_jobs(spark) -> list[int]:
+    """The application's Spark jobs still active (a finished job may take a moment to be
+    marked so: waits up to 10 s)."""
+    tracker = spark.sparkContext.statusTracker()
+    end = time.monotonic() + 10.0
+    while tracker.getActiveJobsIds() and time.monotonic() < end:
+        time.sleep(0.1)
+    return list(tracker.getActiveJobsIds())
+
+
 def _gone(pids: list[int], wait: float = 30.0) -> list[int]:
     """The pids among ``pids`` still alive after up to ``wait`` seconds."""
     end = time.monotonic() + wait
@@ -96,6 +106,7 @@ def test_results_in_rank_order_with_env(spark, tmp_path) -> None:
     pids = [int(p) for p in os.listdir(tmp_path)]
     assert len(pids) == 2 and _gone(pids) == []
     assert _hora_threads() == []
+    assert _spark_jobs(spark) == []
 
 
 def test_output_reaches_the_given_streams(spark) -> None:
@@ -144,6 +155,7 @@ def test_exception_names_the_rank_and_carries_the_traceback(spark, tmp_path) -> 
     pids = [int(p) for p in os.listdir(tmp_path)]
     assert len(pids) == 2 and _gone(pids) == []
     assert _hora_threads() == []
+    assert _spark_jobs(spark) == []
 
 
 def _make_task_killer(piddir: str):
@@ -176,6 +188,7 @@ def test_killed_task_fails_the_job_naming_the_rank(spark, tmp_path) -> None:
     pids = [int(p) for p in os.listdir(tmp_path)]
     assert len(pids) == 2 and _gone(pids) == []
     assert _hora_threads() == []
+    assert _spark_jobs(spark) == []
 
 
 def test_too_few_slots_gives_the_start_timeout_message(spark) -> None:
@@ -184,6 +197,7 @@ def test_too_few_slots_gives_the_start_timeout_message(spark) -> None:
     with pytest.raises(LaunchError, match=r"only 0 of num_proc=3 Spark tasks started"):
         hora.spark.run(lambda: 0, num_proc=3, start_timeout=2)
     assert _hora_threads() == []
+    assert _spark_jobs(spark) == []
     # the session is usable afterwards: nothing of the refused job holds its slots
     assert hora.spark.run(lambda: 5, num_proc=2) == [5, 5]
 
