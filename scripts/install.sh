@@ -12,6 +12,7 @@ command -v mpirun >/dev/null || need+=(openmpi-bin libopenmpi-dev)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
 command -v ip >/dev/null || need+=(iproute2)
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)  # pyspark (hora.spark)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "hora: installing system packages: ${need[*]}"
@@ -31,6 +32,7 @@ torch_index=()
 $PY -m pip install -q "${torch_index[@]}" "torch==2.13.0"
 # TensorFlow (CPU build; tf-keras for the Keras 2 world) for hora.tensorflow and its tests.
 extras="torch,lab,bf16,tensorflow,dev"
+extras="$extras,spark"  # pyspark, for hora.spark and its tests
 command -v mpicc >/dev/null && extras="$extras,mpi"
 extras="$extras,ray"  # hora.ray and its tests (Ray 2.60; leaves numpy and torch as they are)
 $PY -m pip install -q -e ".[${extras}]"

@@ -1,0 +1,13 @@
+"""``hora.spark`` (Horovod's ``horovod.spark``): run hora jobs inside Spark tasks.
+
+Spark schedules, hora trains: :func:`run` starts ``num_proc`` Spark tasks in barrier execution
+mode, each task starts one hora rank, and the results come back to the driver in rank order.
+Needs ``pyspark`` (the ``hora[spark]`` extra) and an active SparkContext; importing this module
+does not import pyspark.
+"""
+
+from __future__ import annotations
+
+from hora.spark.runner import run, run_elastic
+
+__all__ = ["run", "run_elastic"]
