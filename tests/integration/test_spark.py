@@ -287,3 +287,68 @@ def test_torch_estimator_fits_and_transforms(spark, tmp_path) -> None:
     with open(marks) as f:  # each rank ran the callback after each epoch
         lines = sorted(f.read().splitlines())
     assert lines == sorted(f"{e} ['train_loss', 'val_loss']" for e in (0, 0, 1, 1, 2, 2))
+
+
+def test_keras_estimator_fits_and_transforms(spark, tmp_path) -> None:
+    """KerasEstimator.fit writes the DataFrame to the store, trains with hora.tensorflow.keras
+    on 2 ranks (history with averaged metrics, checkpoint, callbacks); KerasModel.transform
+    adds the predictions."""
+    pytest.importorskip("tensorflow", reason="tensorflow is not installed (hora[tensorflow])")
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("sklearn")
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    from hora.spark.common.store import Store
+    from hora.spark.keras import KerasEstimator, KerasModel
+
+    digits = load_digits()
+    rows = [
+        ([float(v) for v in digits.data[i] / 16.0], int(digits.target[i]), i % 5 == 0)
+        for i in range(len(digits.target))
+    ]
+    df = spark.createDataFrame(rows, ["features", "label", "is_val"])
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((64,)),
+            tf.keras.layers.Dense(32, activation="relu"),
+            tf.keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    store = Store.create(str(tmp_path))
+    marks = str(tmp_path / "callbacks")
+
+    class Mark(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            with open(marks, "a") as f:
+                f.write(f"{epoch}\n")
+
+    estimator = KerasEstimator(
+        num_proc=2,
+        model=model,
+        optimizer=tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.5),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        feature_cols=["features"],
+        label_cols=["label"],
+        batch_size=32,
+        epochs=3,
+        store=store,
+        validation="is_val",
+        callbacks=[Mark()],
+        random_seed=1,
+    )
+    trained = estimator.fit(df)
+    assert isinstance(trained, KerasModel)
+    history = trained.getHistory()
+    assert len(history) == 3 and history[-1]["train_loss"] < history[0]["train_loss"]
+    assert {"val_loss", "train_accuracy", "val_accuracy"} <= set(history[0])
+    checkpoint = os.path.join(store.get_run_path(trained.run_id), "checkpoint.keras")
+    assert os.path.exists(checkpoint)
+    out = trained.transform(df.filter(df.is_val)).collect()
+    assert len(out) == len([r for r in rows if r[2]])
+    right = sum(max(range(10), key=lambda k: r["label__output"][k]) == r["label"] for r in out)
+    assert right / len(out) > 0.5
+    with open(marks) as f:  # each rank ran the callback after each epoch
+        assert sorted(f.read().splitlines()) == ["0", "0", "1", "1", "2", "2"]
