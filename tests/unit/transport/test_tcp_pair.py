@@ -184,3 +184,40 @@ def test_large_isend_finishes_in_background_in_order(pairs: tuple[TcpPair, TcpPa
     follow.wait(10)
     np.testing.assert_array_equal(got, big)
     assert tail == b"after"
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_stops_reading_for_12_s_keeps_the_connection() -> None:
+    """A paused rank (SIGSTOP) still has a kernel that acknowledges probes but a shut receive
+    window; Linux counts that against TCP_USER_TIMEOUT, so the timeout must outlast such pauses
+    (the old 10 s broke connections whose peer was stopped for 25 s)."""
+    from hora.transport.tcp.wire import configure
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        sender = socket.create_connection(srv.getsockname())
+        receiver, _ = srv.accept()
+    with sender, receiver:
+        configure(sender)
+        payload = b"x" * (64 << 20)  # far more than both socket buffers hold
+        outcome: list[BaseException | None] = []
+
+        def send() -> None:
+            try:
+                sender.sendall(payload)
+                outcome.append(None)
+            except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+                outcome.append(e)
+
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        thread.join(12.0)  # the receiver reads nothing for 12 s: the window stays shut
+        assert not outcome or outcome[0] is None, f"the connection broke: {outcome[0]!r}"
+        got = 0
+        while got < len(payload):
+            chunk = receiver.recv(1 << 20)
+            assert chunk, "the connection closed"
+            got += len(chunk)
+        thread.join(10.0)
+        assert outcome == [None]

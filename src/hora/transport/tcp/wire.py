@@ -24,14 +24,19 @@ HEADER = struct.Struct("!HBBQ")  # magic, version, kind, payload length
 KEEPALIVE_IDLE_S = 2
 KEEPALIVE_INTERVAL_S = 2
 KEEPALIVE_COUNT = 3
-USER_TIMEOUT_MS = 10_000
+# How long sent data may stay unacknowledged, or a receiver's window stay shut, before the
+# connection fails. Linux counts a zero window against it even while the peer's kernel answers
+# every probe, so this is also the longest a peer may stop reading (SIGSTOP, a debugger, a swap
+# storm) and still resume: a minute, past the 25-40 s pauses a job must survive. Idle
+# connections to a vanished host still fail within seconds, through the keepalive probes.
+USER_TIMEOUT_MS = 60_000
 
 
 def configure(sock: socket.socket) -> None:
     """Low latency and fast dead-peer detection: TCP_NODELAY plus short keepalive probes.
 
     An idle connection to a vanished host fails after about ``2 + 2 * 3`` seconds; unacknowledged
-    data fails after ``USER_TIMEOUT_MS``.
+    data, or a peer that stops reading, fails after ``USER_TIMEOUT_MS`` (a minute).
     """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
