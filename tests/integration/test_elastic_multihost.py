@@ -33,7 +33,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield made
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(330)
 def test_a_host_torn_down_mid_training_is_dropped_and_training_goes_on(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -58,7 +58,9 @@ def test_a_host_torn_down_mid_training_is_dropped_and_training_goes_on(
             proc.kill()
             pytest.fail("the job did not reach step 5: " + (proc.communicate()[0] or "")[-4000:])
         cluster.take_down("hostB")
-        out, _ = proc.communicate(timeout=120)
+        # the survivors notice the vanished host through keepalive (about 8 s) or, with data in
+        # flight to it, TCP_USER_TIMEOUT (60 s), then re-form without it
+        out, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-6000:]

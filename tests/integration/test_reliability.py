@@ -196,6 +196,7 @@ def test_rank_that_leaves_is_named_with_how_and_the_op(tmp_path: Path, how: str,
 
 def _paused_mid_stream(rank: int, stopped: int, pause_s: int) -> list[bool]:
     import os
+    import signal
     import subprocess
 
     import numpy as np
@@ -208,8 +209,11 @@ def _paused_mid_stream(rank: int, stopped: int, pause_s: int) -> list[bool]:
     ok = []
     for i in range(8):
         if rank == stopped and i == 3:  # mid-stream: the others are already in the next one
-            subprocess.Popen(["sh", "-c", f"kill -STOP {os.getpid()}; sleep {pause_s}; "
-                                          f"kill -CONT {os.getpid()}"])  # fmt: skip
+            # stop now, before submitting stream.3 (so the coordinator stalls on it), and let a
+            # shell wake this rank after the pause; a transfer paused half-way (the receiver's
+            # window shut) is tested in tests/unit/transport/test_tcp_pair.py
+            subprocess.Popen(["sh", "-c", f"sleep {pause_s}; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
         got = hvd.allreduce(base + (rank + i), op=hvd.Sum, name=f"stream.{i}")
         size = hvd.size()
         want = base * size + (size * i + size * (size - 1) // 2)
