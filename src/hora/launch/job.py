@@ -91,18 +91,28 @@ class Job:
             self._preflight.reason,
         )
         settings = self.config.settings
-        bind = self._preflight.store_bind_address(settings.listen_any, self.open_ended)
-        server = RendezvousServer(
-            self.secret, host=bind, port=0, handshake_timeout=settings.handshake_timeout_seconds
+        server = self._start_store(
+            self._preflight.store_bind_address(settings.listen_any, self.open_ended)
         )
-        self.port = server.start()
-        # where the launcher's own clients (hora.run, the elastic driver) reach the store
-        self.store_address = "127.0.0.1" if bind == "0.0.0.0" else bind
-        self._server = server
         if not self.open_ended and self.config.backend != "mpi":  # _wait records each exit
             server.put(DEPARTURES_REPORTED, b"1")
-        self._say("rendezvous store listening on %s:%d", bind, self.port)
         return self
+
+    def _start_store(self, bind: str) -> RendezvousServer:
+        """Start the job's rendezvous store on ``bind`` (an address, or 0.0.0.0 for every
+        interface); sets ``port`` and ``store_address``, where the launcher's own clients
+        (hora.run, the elastic driver) reach it. Every kind of job starts its store here."""
+        server = RendezvousServer(
+            self.secret,
+            host=bind,
+            port=0,
+            handshake_timeout=self.config.settings.handshake_timeout_seconds,
+        )
+        self.port = server.start()
+        self.store_address = "127.0.0.1" if bind == "0.0.0.0" else bind
+        self._server = server
+        self._say("rendezvous store listening on %s:%d", bind, self.port)
+        return server
 
     def __exit__(
         self,

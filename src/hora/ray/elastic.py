@@ -32,7 +32,6 @@ from hora.launch.preflight import Preflight
 from hora.launch.process import ConsoleSink
 from hora.ray.config import RaySettings, create_settings
 from hora.ray.worker import Worker
-from hora.rendezvous.server import RendezvousServer
 from hora.settings import load
 
 log = logging.getLogger("hora.ray")
@@ -116,15 +115,7 @@ class _RayJob(ElasticJob):
         # no ssh preflight: Ray reached the nodes; the store listens on every interface, as
         # for any elastic job (its hosts are not known when it starts)
         self._preflight = Preflight({}, self._nics, "given by nics" if self._nics else "Ray")
-        settings = self.config.settings
-        server = RendezvousServer(
-            self.secret,
-            host="0.0.0.0",
-            port=0,
-            handshake_timeout=settings.handshake_timeout_seconds,
-        )
-        self.port = server.start()
-        self._server = server
+        self._start_store("0.0.0.0")
         return self
 
     def _address(self, host: str) -> str:

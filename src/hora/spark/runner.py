@@ -30,7 +30,6 @@ from hora.launch.config import LaunchConfig
 from hora.launch.job import Job, exit_status
 from hora.launch.workerenv import job_env
 from hora.rendezvous.client import StoreClient
-from hora.rendezvous.server import RendezvousServer
 from hora.settings import env_lookup, load
 from hora.spark.output import OutputServer
 from hora.spark.task import EXIT_KEY, FAILED_KEY, STARTED_KEY, TASK_KEY, TaskSpec, barrier_task
@@ -115,14 +114,8 @@ class SparkJob(Job):
         self._spark_error: BaseException | None = None
 
     def __enter__(self) -> SparkJob:
-        settings = self.config.settings
-        bind = _bind_address(self._driver_host, settings.listen_any)
-        server = RendezvousServer(
-            self.secret, host=bind, port=0, handshake_timeout=settings.handshake_timeout_seconds
-        )
-        self.port = server.start()
-        self._server = server
-        self._say("rendezvous store listening on %s:%d", bind, self.port)
+        bind = _bind_address(self._driver_host, self.config.settings.listen_any)
+        self._start_store(bind)
         if self._targets:
             self._output = OutputServer(self.secret, self._targets, bind)
         return self
