@@ -161,6 +161,52 @@ def test_exception_is_carried_back_with_the_rank_and_ends_the_job(cluster):
     executor.shutdown()  # again: nothing to do
 
 
+def _report_steps(steps):
+    """Each rank logs one dict per step for the driver's callbacks; only rank 0's arrive."""
+    import numpy as np
+
+    import hora as hvd
+    from hora.ray import ray_logger
+
+    hvd.init()
+    for step in range(steps):
+        total = float(hvd.allreduce(np.ones(1), op=hvd.Sum)[0])
+        ray_logger.log({"step": step, "rank": hvd.rank(), "total": total})
+    rank = hvd.rank()
+    ray_logger.log({"everyone": rank}, chief_only=False)
+    hvd.shutdown()
+    return rank
+
+
+def test_callbacks_get_what_rank_zero_logs_in_order(cluster):
+    seen, also = [], []
+
+    class Counter:  # a class with __call__ is a callback too
+        def __call__(self, info):
+            also.append(info)
+
+    with RayExecutor(_settings(), num_workers=2) as executor:
+        executor.start()
+        assert executor.run(_report_steps, args=[5], callbacks=[seen.append, Counter()]) == [0, 1]
+        steps = [{"step": s, "rank": 0, "total": 2.0} for s in range(5)]
+        assert seen[:5] == steps and seen == also
+        assert sorted(i["everyone"] for i in seen[5:]) == [0, 1]
+        # the executable's way: execute() feeds the callbacks the same way
+        got = []
+        executor.execute(lambda _: _report_steps(2), callbacks=[got.append])
+        assert got[:2] == steps[:2]
+        # without callbacks, log() drops the value (with a warning in the worker)
+        assert executor.run(_report_steps, args=[1]) == [0, 1]
+
+        def broken(info):
+            raise RuntimeError(f"callback saw {info}")
+
+        with pytest.raises(RuntimeError, match="callback saw"):
+            executor.run(_report_steps, args=[2], callbacks=[broken])
+        # the job itself went on: the workers are still there
+        assert executor.run(lambda: 7) == [7, 7]
+
+
 def _train(flag_dir):
     import numpy as np
 

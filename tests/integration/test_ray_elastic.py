@@ -123,6 +123,36 @@ def test_every_slot_trains_and_a_missing_minimum_fails(cluster, tmp_path):
         ElasticRayExecutor(settings, min_workers=3, max_workers=2)
 
 
+def _train_and_log(epochs):
+    import numpy as np
+
+    import hora as hvd
+    from hora.elastic import ObjectState, run
+    from hora.ray import ray_logger
+
+    hvd.init()
+    state = ObjectState(hvd.broadcast_object, hvd.rank, epoch=0)
+
+    @run
+    def loop(state):
+        while state.epoch < epochs:
+            total = float(hvd.allreduce(np.ones(1), op=hvd.Sum, name="grad")[0])
+            ray_logger.log({"epoch": state.epoch, "size": total})
+            state.epoch += 1
+            state.commit()
+
+    loop(state)
+    return hvd.rank()
+
+
+def test_callbacks_get_what_rank_zero_logs(cluster):
+    settings = ElasticRayExecutor.create_settings(timeout_s=30)
+    seen = []
+    executor = ElasticRayExecutor(settings, min_workers=2, max_workers=2)
+    assert executor.run(_train_and_log, args=[4], callbacks=[seen.append]) == [0, 1]
+    assert seen == [{"epoch": e, "size": 2.0} for e in range(4)]
+
+
 def test_ray_executor_with_min_workers_runs_elastically(cluster, tmp_path):
     from hora.ray import RayExecutor
 

@@ -24,50 +24,41 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hora.elastic.driver import ElasticJob
+from hora.elastic.remote import KILLED, RemoteWorker, SchedulerJob
+from hora.errors import LaunchError
 from hora.launch.api import run_on_job
 from hora.launch.config import ElasticOptions, LaunchConfig
 from hora.launch.hosts import HostSlots
-from hora.launch.preflight import Preflight
 from hora.launch.process import ConsoleSink
+from hora.ray.callbacks import relay as callback_relay
 from hora.ray.config import RaySettings, create_settings
 from hora.ray.worker import Worker
 from hora.settings import load
 
 log = logging.getLogger("hora.ray")
 
-# The elastic driver runs its discovery when this is set; _RayJob answers from Ray's nodes.
-_RAY_NODES = "<the nodes of the Ray cluster>"
-_KILLED = -9  # the exit status a worker whose actor died is given (as a SIGKILLed process)
 
-
-class _ActorProcess:
-    """One elastic worker's actor, seen by the elastic driver as a worker process: ``poll``,
-    ``stop``, ``kill_after``; its exit status goes to ``exits`` when ``run_task`` ends."""
+class _ActorProcess(RemoteWorker):
+    """One elastic worker's actor; its exit status is reported when ``run_task`` ends."""
 
     def __init__(self, label: int, actor: Any, ref: Any, exits: queue.Queue[tuple[int, int]]):
-        self.label = label
+        super().__init__(label, exits)
         self.actor = actor
-        self._code: int | None = None
         self._thread = threading.Thread(
-            target=self._wait, args=(ref, exits), name=f"hora-ray-worker-{label}", daemon=True
+            target=self._wait, args=(ref,), name=f"hora-ray-worker-{label}", daemon=True
         )
         self._thread.start()
 
-    def _wait(self, ref: Any, exits: queue.Queue[tuple[int, int]]) -> None:
+    def _wait(self, ref: Any) -> None:
         try:
             code = int(ray.get(ref))
         except RayActorError:
-            code = _KILLED
+            code = KILLED
         except Exception as e:  # the task could not run (serialization, a lost object)
             log.error("hora.ray: elastic worker %d failed: %s", self.label, e)
             code = 1
-        self._code = code
         self.stop()  # the worker is done: its actor and process go
-        exits.put((self.label, code))
-
-    def poll(self) -> int | None:
-        return self._code
+        self.finish(code)
 
     def stop(self) -> None:
         try:
@@ -75,11 +66,8 @@ class _ActorProcess:
         except Exception as e:  # already gone
             log.debug("hora.ray: killing elastic worker %d: %s", self.label, e)
 
-    def kill_after(self, deadline: float) -> None:
-        self.stop()
 
-
-class _RayJob(ElasticJob):
+class _RayJob(SchedulerJob):
     """An elastic job whose hosts are Ray nodes (by node id) and whose workers are actors."""
 
     def __init__(
@@ -89,13 +77,13 @@ class _RayJob(ElasticJob):
         cpus_per_worker: float,
         gpus_per_worker: float,
         nics: Sequence[str],
+        logger: Any = None,
     ) -> None:
         self._cpus = cpus_per_worker
         self._gpus = gpus_per_worker
-        self._nics = list(nics)
-        self._store_address = ray.util.get_node_ip_address()
+        self._logger = logger
         self._actor_cls: Any = ray.remote(Worker)
-        super().__init__(config, options)
+        super().__init__(config, options, ray.util.get_node_ip_address(), list(nics), "Ray")
 
     def _discover(self) -> list[HostSlots]:
         hosts = []
@@ -111,18 +99,6 @@ class _RayJob(ElasticJob):
                 hosts.append(HostSlots(node["NodeID"], slots))
         return hosts
 
-    def __enter__(self) -> _RayJob:
-        # no ssh preflight: Ray reached the nodes; the store listens on every interface, as
-        # for any elastic job (its hosts are not known when it starts)
-        self._preflight = Preflight({}, self._nics, "given by nics" if self._nics else "Ray")
-        self._start_store("0.0.0.0")
-        return self
-
-    def _address(self, host: str) -> str:
-        # one address for every worker, the driver node's: a worker that reached the store on
-        # loopback would listen on loopback too, out of reach of the other nodes' workers
-        return self._store_address
-
     def _spawn(  # type: ignore[override]
         self, label: int, host: str, env: dict[str, str], stdout: ConsoleSink, stderr: ConsoleSink
     ) -> _ActorProcess:
@@ -134,7 +110,8 @@ class _RayJob(ElasticJob):
             max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(host, soft=False),
         ).remote()
-        worker = _ActorProcess(label, actor, actor.run_task.remote(env), self._exits)
+        ref = actor.run_task.remote(env, self._logger)
+        worker = _ActorProcess(label, actor, ref, self._exits)
         self.workers.append(worker)  # type: ignore[arg-type]
         return worker
 
@@ -212,9 +189,12 @@ class ElasticRayExecutor:
     ) -> list[Any]:
         """``fn(*args, **kwargs)`` as an elastic job; the values of the last round's ranks in
         rank order. LaunchError when the job fails (every node blacklisted, fewer than
-        ``min_workers`` left with no way to get more, the reset limit, a timeout)."""
-        if callbacks:
-            raise ValueError("ElasticRayExecutor: callbacks are not supported by hora; pass None")
+        ``min_workers`` left with no way to get more, the reset limit, a timeout).
+
+        ``callbacks``: callables, each called in this process (in a thread of its own) with
+        every value rank 0 logs with :func:`hora.ray.ray_logger.log`, in the order logged;
+        all of them are delivered before ``run`` returns. A callback that raises stops the
+        deliveries and ``run`` raises its exception once the job is over."""
         self.start()
         knobs = self.settings.knobs if self.settings.knobs is not None else load()
         timeout = (
@@ -230,21 +210,35 @@ class ElasticRayExecutor:
         options = ElasticOptions(
             min_np=self.min_workers,
             max_np=self.max_workers,
-            host_discovery_script=_RAY_NODES,
             elastic_timeout=timeout,
             reset_limit=self.reset_limit,
             cooldown_range=self.cooldown_range,
         )
+        relay = callback_relay(callbacks)
         job = _RayJob(
-            config, options, self.cpus_per_worker, self.gpus_per_worker, self.settings.nics
+            config,
+            options,
+            self.cpus_per_worker,
+            self.gpus_per_worker,
+            self.settings.nics,
+            relay.queue if relay is not None else None,
         )
         self._job = job
+        ok = False
         try:
-            return run_on_job(
+            results = run_on_job(
                 job, fn, args or (), kwargs, elastic=True, caller="ElasticRayExecutor.run"
             )
+            ok = True
+            return results
+        except LaunchError as e:
+            if job.error is not None:
+                raise LaunchError(f"ElasticRayExecutor.run: {job.error}") from e
+            raise
         finally:
             self._job = None
+            if relay is not None:
+                relay.close(raise_error=ok)
 
     def shutdown(self) -> None:
         """Nothing outlives a run (its actors are killed and its store stopped as it ends)."""

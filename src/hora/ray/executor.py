@@ -37,6 +37,7 @@ from hora.errors import LaunchError
 from hora.launch.api import results_in_order
 from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks
 from hora.launch.workerenv import job_env, rank_env
+from hora.ray.callbacks import relay as callback_relay
 from hora.ray.config import RaySettings, create_settings
 from hora.ray.elastic import ElasticRayExecutor
 from hora.ray.worker import Worker
@@ -313,21 +314,26 @@ class RayExecutor:
     ) -> list[Any]:
         """``fn(*args, **kwargs)`` on every rank; the values in rank order. LaunchError naming
         the rank (chained to its exception) when one raises or its actor dies; the job then
-        ends (:meth:`start` again for a new one)."""
-        self._check_callbacks(callbacks)
+        ends (:meth:`start` again for a new one). ``callbacks``: called in this process with
+        every value rank 0 logs with :func:`hora.ray.ray_logger.log`
+        (:meth:`ElasticRayExecutor.run` says how)."""
         if self._elastic is not None:
-            return self._elastic.run(fn, args, kwargs)
+            return self._elastic.run(fn, args, kwargs, callbacks)
         actors = self._actors()
-        refs = [a.outcome.remote(fn, tuple(args or ()), dict(kwargs or {})) for a in actors]
-        return self._gather(refs, "run")
+        call = (tuple(args or ()), dict(kwargs or {}))
+        return self._with_callbacks(
+            lambda q: [a.outcome.remote(fn, *call, q) for a in actors], "run", callbacks
+        )
 
     def execute(
         self, fn: Callable[[Any], Any], callbacks: Sequence[Callable[..., Any]] | None = None
     ) -> list[Any]:
         """``fn(executable)`` on every rank (``executable``: the object :meth:`start` built,
-        else None); the values in rank order. Failures as :meth:`run`."""
-        self._check_callbacks(callbacks)
-        return self._gather([a.executable_outcome.remote(fn) for a in self._actors()], "execute")
+        else None); the values in rank order. Failures and ``callbacks`` as :meth:`run`."""
+        actors = self._actors()
+        return self._with_callbacks(
+            lambda q: [a.executable_outcome.remote(fn, q) for a in actors], "execute", callbacks
+        )
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on rank 0 only; its value (its exception, raised here)."""
@@ -356,10 +362,22 @@ class RayExecutor:
         self._teardown()
 
     # -- internals ------------------------------------------------------------------------
-    @staticmethod
-    def _check_callbacks(callbacks: Sequence[Callable[..., Any]] | None) -> None:
-        if callbacks:
-            raise ValueError("RayExecutor: callbacks are not supported by hora; pass None")
+    def _with_callbacks(
+        self,
+        submit: Callable[[Any], list[Any]],
+        what: str,
+        callbacks: Sequence[Callable[..., Any]] | None,
+    ) -> list[Any]:
+        """``submit(queue)``'s refs gathered, with ``callbacks`` fed from ``queue`` meanwhile."""
+        relay = callback_relay(callbacks)
+        ok = False
+        try:
+            results = self._gather(submit(relay.queue if relay is not None else None), what)
+            ok = True
+            return results
+        finally:
+            if relay is not None:
+                relay.close(raise_error=ok)
 
     def _actors(self) -> list[Any]:
         if self._elastic is not None:

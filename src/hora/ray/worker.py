@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hora.launch.task import outcome_bytes
+from hora.ray import ray_logger
 
 
 class Worker:
@@ -60,24 +61,37 @@ class Worker:
         return func(self.executable)
 
     def outcome(
-        self, func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+        self,
+        func: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        logger: Any = None,
     ) -> bytes:
-        """``func(*args, **kwargs)``'s cloudpickled outcome (``run``, ``execute``)."""
+        """``func(*args, **kwargs)``'s cloudpickled outcome (``run``, ``execute``); what it
+        logs with :func:`hora.ray.ray_logger.log` goes to ``logger`` (the driver's callbacks'
+        queue) while it runs."""
+        ray_logger.configure(logger)
         try:
             result: tuple[object, ...] = ("ok", func(*args, **dict(kwargs)))
         except BaseException as e:  # carried back to the driver, which names this rank
             result = ("error", e, traceback.format_exc())
+        finally:
+            ray_logger.configure(None)
         return outcome_bytes(result)
 
-    def run_task(self, env: Mapping[str, str]) -> int:
+    def run_task(self, env: Mapping[str, str], logger: Any = None) -> int:
         """One elastic worker: take ``env``, then run :mod:`hora.launch.task` as a launched
         worker process does (fetch the function from the store, call it, store the outcome);
-        its exit status."""
+        its exit status. ``logger``: as for :meth:`outcome`."""
         from hora.launch.task import main
 
         os.environ.update(env)
-        return main()
+        ray_logger.configure(logger)
+        try:
+            return main()
+        finally:
+            ray_logger.configure(None)
 
-    def executable_outcome(self, func: Callable[[Any], Any]) -> bytes:
+    def executable_outcome(self, func: Callable[[Any], Any], logger: Any = None) -> bytes:
         """``func(executable)``'s cloudpickled outcome (``execute``)."""
-        return self.outcome(func, (self.executable,), {})
+        return self.outcome(func, (self.executable,), {}, logger)
