@@ -323,6 +323,28 @@ def run(
             "pass use_gloo=True"
         )
     sc = _spark_context()
+    count = sc.defaultParallelism if num_proc is None else int(num_proc)
+    config = job_config(
+        count, start_timeout, env, nics, verbose, prefix_output_with_timestamp, use_gloo
+    )
+    driver_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
+    targets = {n: s for n, s in (("stdout", stdout), ("stderr", stderr)) if s is not None}
+    job = SparkJob(config, sc, driver_host, executable, targets)
+    return run_on_job(job, fn, args, kwargs)
+
+
+def job_config(
+    count: int,
+    start_timeout: float | None,
+    env: Mapping[str, str] | None,
+    nics: Iterable[str] | None,
+    verbose: int,
+    prefix_output_with_timestamp: bool,
+    use_gloo: bool | None = None,
+) -> LaunchConfig:
+    """The launch configuration of a Spark job of ``count`` ranks (``run``'s and
+    ``run_elastic``'s arguments; ``start_timeout`` defaults to HOROVOD_SPARK_START_TIMEOUT,
+    else 600 s)."""
     base = os.environ if env is None else env
     if start_timeout is None:
         raw = env_lookup(base, "SPARK_START_TIMEOUT", "600") or "600"
@@ -330,8 +352,7 @@ def run(
             start_timeout = float(raw)
         except ValueError:
             raise ValueError(f"HOROVOD_SPARK_START_TIMEOUT={raw!r}: expected seconds") from None
-    count = sc.defaultParallelism if num_proc is None else int(num_proc)
-    config = LaunchConfig(
+    return LaunchConfig(
         command=["python", "-m", "hora.launch.task"],  # the tasks build their own
         np=count,
         backend="gloo" if use_gloo else "native",
@@ -341,37 +362,4 @@ def run(
         prefix_timestamp=prefix_output_with_timestamp,
         settings=load(base),
         env=dict(base),
-    )
-    driver_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
-    targets = {n: s for n, s in (("stdout", stdout), ("stderr", stderr)) if s is not None}
-    job = SparkJob(config, sc, driver_host, executable, targets)
-    return run_on_job(job, fn, args, kwargs)
-
-
-def run_elastic(
-    fn: Callable[..., Any],
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    num_proc: int | None = None,
-    min_num_proc: int | None = None,
-    max_num_proc: int | None = None,
-    start_timeout: float | None = None,
-    elastic_timeout: float | None = None,
-    reset_limit: int | None = None,
-    env: Mapping[str, str] | None = None,
-    stdout: Any = None,
-    stderr: Any = None,
-    verbose: int = 1,
-    nics: Iterable[str] | None = None,
-    prefix_output_with_timestamp: bool = False,
-    min_np: int | None = None,
-    max_np: int | None = None,
-) -> list[Any]:
-    """``horovod.spark.run_elastic``'s signature; not implemented yet: raises
-    NotImplementedError saying what to use instead (docs/spark.md)."""
-    raise NotImplementedError(
-        "hora.spark.run_elastic is not implemented yet: use hora.spark.run (a static job: a "
-        "lost task ends it with an error naming the rank), or an elastic job started with "
-        "hora.run(fn, min_num_proc=..., max_num_proc=...) or hora run --min-np on hosts "
-        "(docs/elastic.md)"
     )

@@ -62,41 +62,48 @@ def place(addresses: Sequence[str]) -> list[SlotInfo]:
     return [by_host[host].pop(0) for host in hosts]
 
 
+def start_rank(
+    spec: TaskSpec, env: dict[str, str], label: int, cleanup: contextlib.ExitStack
+) -> tuple[Worker, queue.Queue[tuple[int, int]]]:
+    """Start one rank (``python -m hora.launch.task`` under the launcher's stoppable wrapper)
+    with ``env``, its output tagged ``label`` (and forwarded to the driver when asked for:
+    ``cleanup`` closes those connections); the worker and the queue its exit status comes on."""
+    command = [spec.executable or sys.executable, "-m", "hora.launch.task"]
+    script = wrapper_script(command, grace_seconds=spec.grace_seconds)
+    exits: queue.Queue[tuple[int, int]] = queue.Queue()
+    sinks = {"stdout": ConsoleSink(sys.stdout), "stderr": ConsoleSink(sys.stderr)}
+    for name in spec.forward:
+        assert spec.output_port is not None
+        conn = output.connect(
+            spec.store_addr, spec.output_port, spec.secret, name, spec.store_timeout
+        )
+        cleanup.callback(conn.close)
+        sinks[name] = ConsoleSink(conn)  # type: ignore[arg-type]  # a binary stream
+    worker = Worker(
+        label,
+        local.worker_argv(script),
+        env=env,
+        cwd=None,
+        stdin_data=spec.secret.hex().encode() + b"\n",
+        stdout=sinks["stdout"],
+        stderr=sinks["stderr"],
+        exits=exits,
+        timestamp=spec.timestamp,
+    )
+    return worker, exits
+
+
 def run_rank(spec: TaskSpec, partition: int, addresses: Sequence[str]) -> tuple[int, int]:
     """Start this task's rank, wait for it; ``(rank, exit code)``."""
     slot = place(addresses)[partition]
     env = exportable(os.environ)
     env.update(spec.common_env)
     env = rank_env(env, slot, spec.store_addr)
-    command = [spec.executable or sys.executable, "-m", "hora.launch.task"]
-    script = wrapper_script(command, grace_seconds=spec.grace_seconds)
-    exits: queue.Queue[tuple[int, int]] = queue.Queue()
-    sinks = {"stdout": ConsoleSink(sys.stdout), "stderr": ConsoleSink(sys.stderr)}
-    forwarded = []
-    for name in spec.forward:
-        assert spec.output_port is not None
-        conn = output.connect(
-            spec.store_addr, spec.output_port, spec.secret, name, spec.store_timeout
-        )
-        forwarded.append(conn)
-        sinks[name] = ConsoleSink(conn)  # type: ignore[arg-type]  # a binary stream
     with contextlib.ExitStack() as cleanup:
-        for conn in forwarded:
-            cleanup.callback(conn.close)
         store = cleanup.enter_context(
             StoreClient(spec.store_addr, spec.store_port, spec.secret, timeout=spec.store_timeout)
         )
-        Worker(
-            slot.rank,
-            local.worker_argv(script),
-            env=env,
-            cwd=None,
-            stdin_data=spec.secret.hex().encode() + b"\n",
-            stdout=sinks["stdout"],
-            stderr=sinks["stderr"],
-            exits=exits,
-            timestamp=spec.timestamp,
-        )
+        _, exits = start_rank(spec, env, slot.rank, cleanup)
         record = f"{slot.rank} {slot.hostname} {os.getpid()}"
         store.set(TASK_KEY.format(partition=partition), record.encode())
         store.add(STARTED_KEY, 1)

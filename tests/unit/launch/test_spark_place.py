@@ -57,13 +57,21 @@ def test_signature_is_horovod_spark_runs() -> None:
     assert got == HOROVOD_SPARK_RUN
 
 
-def test_run_elastic_says_it_is_not_there_yet() -> None:
+# horovod.spark.run_elastic's parameters and defaults, in its order (0.28.1)
+HOROVOD_SPARK_RUN_ELASTIC = [
+    ("fn", inspect.Parameter.empty), ("args", ()), ("kwargs", {}), ("num_proc", None),
+    ("min_np", None), ("max_np", None), ("start_timeout", None), ("elastic_timeout", None),
+    ("reset_limit", None), ("env", None), ("stdout", None), ("stderr", None), ("verbose", 1),
+    ("nics", None), ("prefix_output_with_timestamp", False),
+]  # fmt: skip
+
+
+def test_signature_is_horovod_spark_run_elastics() -> None:
     import hora.spark
 
-    names = list(inspect.signature(hora.spark.run_elastic).parameters)
-    assert names[:6] == ["fn", "args", "kwargs", "num_proc", "min_num_proc", "max_num_proc"]
-    with pytest.raises(NotImplementedError, match="run_elastic is not implemented yet"):
-        hora.spark.run_elastic(print, num_proc=2, min_num_proc=1)
+    params = inspect.signature(hora.spark.run_elastic).parameters.values()
+    got = [(p.name, {} if p.name == "kwargs" and p.default is None else p.default) for p in params]
+    assert got == HOROVOD_SPARK_RUN_ELASTIC
 
 
 def test_store_create_local_and_unsupported(tmp_path) -> None:
