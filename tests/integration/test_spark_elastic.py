@@ -51,11 +51,11 @@ def spark():
     session.stop()
 
 
-def _train(flag_dir: str, epochs: int, die_at: int):
+def _train(flag_dir: str, epochs: int, die_at: int, every_time: bool = False):
     """Elastic training that counts committed epochs (each adds exactly 1.0 to ``total``
-    whatever the world size). Rank 1 of the first round dies after epoch ``die_at``'s
-    allreduce, before committing it (``os._exit``), once per job; rank 0 notes when the first
-    epoch after that one is done."""
+    whatever the world size). Rank 1 dies after epoch ``die_at``'s allreduce, before
+    committing it (``os._exit``), once per job (``every_time``: whichever worker is rank 1 at
+    any later epoch, each time); rank 0 notes when the first epoch after that one is done."""
     import numpy as np
 
     import hora as hvd
@@ -72,7 +72,11 @@ def _train(flag_dir: str, epochs: int, die_at: int):
             out = hvd.allreduce(np.ones(4, np.float32), op=hvd.Sum, name="grad")
             state.total += float(out[0]) / hvd.size()
             state.epoch += 1
-            if state.epoch == die_at and hvd.rank() == 1:
+            at = state.epoch >= die_at if every_time else state.epoch == die_at
+            if at and hvd.rank() == 1:
+                if every_time:
+                    Path(flag_dir, f"died.{os.getpid()}").touch()
+                    os._exit(1)
                 try:
                     fd = os.open(Path(flag_dir, "died"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
                 except FileExistsError:
@@ -142,4 +146,17 @@ def test_failures_past_reset_limit_fail_fast(spark, tmp_path) -> None:
         )
     print(f"\nrun_elastic past reset_limit raised after {time.monotonic() - started:.1f} s")
     assert (tmp_path / "died").exists()
+    _assert_nothing_left(spark, tmp_path, int((tmp_path / "port").read_text()))
+
+
+def test_failures_past_sparks_retries_end_the_job(spark, tmp_path) -> None:
+    """Rank 1 dies at every epoch from the second: Spark gives up on its task after the fourth
+    failure (local[2,4]), and the job fails naming Spark's reason."""
+    import hora.spark
+
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match="Spark gave up on a task .* worker exited with status 1"):
+        hora.spark.run_elastic(_train, args=(str(tmp_path), 50, 2, True), num_proc=2)
+    print(f"\nrun_elastic past Spark's retries raised after {time.monotonic() - started:.1f} s")
+    assert len(list(tmp_path.glob("died.*"))) == 4
     _assert_nothing_left(spark, tmp_path, int((tmp_path / "port").read_text()))

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import queue
+import re
 import socket
 import threading
 import time
@@ -59,6 +60,8 @@ STOP_KEY = "spark/elastic/stop/{tid}"
 EXIT_KEY = "spark/elastic/exit/{tid}"
 DONE_KEY = "spark/elastic/done"
 
+# how a task of ours says why it failed (in the error Spark raises once it gives up on it)
+_WORKER_EXIT = re.compile(r"an elastic worker exited with status -?\d+")
 _POLL = 0.1  # seconds between two looks at the store, in the tasks and on the driver
 _STOPPED = -15  # the exit status of a worker stopped before a task took it (as by SIGTERM)
 
@@ -287,7 +290,16 @@ class SparkElasticJob(SchedulerJob):
             self.spark_error = e
 
     def _spark_ended(self) -> str:
-        why = _first_line(self.spark_error) if self.spark_error else "it ended"
+        if self.spark_error is None:
+            return "the Spark job ended before the training did"
+        last = _WORKER_EXIT.search(str(self.spark_error))
+        if last:
+            why = (
+                "Spark gave up on a task that failed as often as spark.task.maxFailures allows;"
+                f" its last attempt: {last.group(0)}"
+            )
+        else:
+            why = _first_line(self.spark_error)
         return f"the Spark job ended before the training did ({why})"
 
     def __enter__(self) -> SparkElasticJob:
@@ -327,8 +339,9 @@ class SparkElasticJob(SchedulerJob):
         finally:
             with StoreClient("127.0.0.1", self.port, self.secret) as store:
                 store.set(DONE_KEY, b"1")  # waiting tasks return
-        if code != 0 and self.error is None and self.spark_error is not None:
-            self.error = LaunchError(self._spark_ended())
+        if code != 0 and self.spark_error is not None and not self._spark.is_alive():
+            why = f": {self.error}" if self.error is not None else ""
+            self.error = LaunchError(self._spark_ended() + why)
         return code
 
     def __exit__(
