@@ -56,13 +56,12 @@ class State:
     def check_host_updates(self) -> None:
         """Raise :class:`HostsUpdatedInterrupt` on every rank together if the set of hosts
         changed; rank 0 asks the launcher and tells the others."""
-        mine = host_updates() if self._rank() == 0 else None
-        count, removed_only = self._bcast_object(mine, 0, name="hora.elastic.hosts")
-        if self._seen_updates < 0:
-            self._seen_updates = count
-            return
-        if count > self._seen_updates:
-            self._seen_updates = count
+        # rank 0's last count goes with the new one, so that every rank decides as rank 0
+        # does: a worker that joined since (it has seen no count yet) raises with the others
+        mine = (self._seen_updates, *host_updates()) if self._rank() == 0 else None
+        seen, count, removed_only = self._bcast_object(mine, 0, name="hora.elastic.hosts")
+        self._seen_updates = count
+        if 0 <= seen < count:
             self.on_hosts_updated(count, removed_only)
             raise HostsUpdatedInterrupt(removed_only)
 
