@@ -160,3 +160,27 @@ def test_failures_past_sparks_retries_end_the_job(spark, tmp_path) -> None:
     print(f"\nrun_elastic past Spark's retries raised after {time.monotonic() - started:.1f} s")
     assert len(list(tmp_path.glob("died.*"))) == 4
     _assert_nothing_left(spark, tmp_path, int((tmp_path / "port").read_text()))
+
+
+def test_example_survives_its_killed_worker(spark, tmp_path) -> None:
+    """examples/spark_elastic_digits.py's training function, its rank 1 exiting once."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    import importlib.util
+
+    import hora.spark
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "spark_elastic_digits", root / "examples" / "spark_elastic_digits.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example
+    spec.loader.exec_module(example)
+    cloudpickle.register_pickle_by_value(example)
+    flag = tmp_path / "killed"
+    results = hora.spark.run_elastic(example.train, args=(3, 0.1, str(flag)), num_proc=2)
+    assert flag.exists()
+    assert [r[:2] for r in results] == [(0, 2), (1, 2)]
+    assert results[0][2] == results[1][2] > 0.5
