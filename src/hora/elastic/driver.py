@@ -316,6 +316,9 @@ class ElasticJob(Job):
             if code == 0 or m.leaving:
                 continue
             log.warning("elastic: worker %d (%s) exited with %s", label, m.id, exit_status(code))
+            if m.id in self._current:  # its round's connections wait for it no longer
+                why = f"worker {m.id} (rank {m.rank}) exited with {exit_status(code)}"
+                self._store.set(rdv.gone_key(self._round), why.encode())
             self._blacklist_host(m.host)
         live = [m for m in self.members if m.code is None]
         failed = any(m.code not in (0, None) and not m.leaving for m in self.members)

@@ -30,6 +30,7 @@ from typing import Any
 from hora.errors import HoraInternalError, RendezvousError
 from hora.identity import Identity
 from hora.settings import env_lookup
+from hora.transport.endpoint import gone_key as transport_gone_key
 
 log = logging.getLogger("hora.elastic")
 
@@ -52,6 +53,13 @@ def ready_key(r: int, worker: str) -> str:
 
 def formed_key(r: int) -> str:
     return f"elastic/{r}/formed"
+
+
+def gone_key(r: int) -> str:
+    """Where the launcher writes that a worker of round ``r`` died, so that the others stop
+    waiting for its connections at once (round ``r``'s connections live under ``hora/e<r>``,
+    the runtime's prefix for an elastic round)."""
+    return transport_gone_key(f"hora/e{r}")
 
 
 def removed_key(worker: str) -> str:

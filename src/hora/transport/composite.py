@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from hora.errors import HoraError, TransportError
 from hora.transport.base import DATA, Pair
+from hora.transport.endpoint import get_within, gone_check
 from hora.transport.shm import ShmTransport
 from hora.transport.shm import available as shm_available
 from hora.transport.tcp import TcpTransport
@@ -37,6 +38,8 @@ class Store(Protocol):
     def set(self, key: str, value: bytes) -> None: ...
 
     def get(self, key: str, timeout: float | None = None) -> bytes: ...
+
+    def check(self, keys: list[str]) -> bool: ...
 
 
 def machine_id() -> str:
@@ -76,6 +79,10 @@ class HostTransport:
         self._records: dict[int, tuple[str, bool]] = {}
         mine = {"host": hostname, "machine": machine_id(), "shm": shm is not None}
         self._records[self.rank] = self._parse(mine)
+        self._gone = gone_check(store, prefix)
+        for endpoint in (tcp, shm):
+            if endpoint is not None:
+                endpoint.give_up_when(self._gone)
         try:
             store.set(self._key(self.rank), json.dumps(mine).encode())
         except BaseException:
@@ -100,7 +107,7 @@ class HostTransport:
         if found is not None:
             return found
         try:
-            raw = self._store.get(self._key(rank), timeout=self._timeout)
+            raw = get_within(self._store, self._key(rank), self._timeout, self._give_up)
             record = self._parse(json.loads(raw))
         except HoraError as e:
             raise TransportError(f"rank {rank} did not publish its host in time: {e}") from e
@@ -109,6 +116,11 @@ class HostTransport:
         with self._lock:
             self._records[rank] = record
         return record
+
+    def _give_up(self) -> None:
+        why = self._gone()
+        if why:
+            raise TransportError(f"rank {self.rank} stopped waiting for its peers' hosts: {why}")
 
     def shares_memory(self, peer: int) -> bool:
         """Whether DATA pairs to ``peer`` use shared memory (same host, both offer it)."""

@@ -11,6 +11,12 @@ lower one.
 ``_lazy`` is the body of every transport's ``pair``: one connection attempt per key at a time,
 the finished pair kept, and a close during the attempt honoured. ``close`` is idempotent and
 safe from any thread.
+
+Every wait for a peer (its address in the store, its listener, its connection) runs in slices
+of :data:`POLL_S` and asks the check given to :meth:`Endpoint.give_up_when` between them, so a
+launcher that knows a member of the job is gone (an elastic round whose worker died while the
+connections were being made) ends the wait in well under a second instead of at the connect
+timeout.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import logging
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from hora.errors import TransportError
+from hora.errors import HoraError, TransportError
 from hora.transport.listener import HANDSHAKE_DEADLINE_S, Listener
 from hora.transport.tcp.auth import accept_handshake
 from hora.transport.tcp.wire import hard_close
@@ -30,6 +37,54 @@ from hora.transport.tcp.wire import hard_close
 log = logging.getLogger(__name__)
 
 _CONTEXT = struct.Struct("!iiB")  # connecting rank, accepting rank, kind; then the prefix
+
+POLL_S = 0.25  # seconds between two looks at the give-up check while waiting for a peer
+
+
+def gone_key(prefix: str) -> str:
+    """The store key under which a launcher says, in words, that a member of the job whose
+    connections are under ``prefix`` is gone: every wait for a peer under it then gives up."""
+    return f"{prefix}/gone"
+
+
+class KeyStore(Protocol):
+    def get(self, key: str, timeout: float | None = None) -> bytes: ...
+
+    def check(self, keys: list[str]) -> bool: ...
+
+
+def gone_check(store: KeyStore, prefix: str) -> Callable[[], str | None]:
+    """A give-up check for :meth:`Endpoint.give_up_when`: what the launcher wrote under
+    :func:`gone_key`, or None while nothing is written (or the store cannot say)."""
+    key = gone_key(prefix)
+
+    def check() -> str | None:
+        try:
+            if store.check([key]):
+                return store.get(key, timeout=1.0).decode(errors="replace")
+        except HoraError:
+            pass
+        return None
+
+    return check
+
+
+def get_within(
+    store: KeyStore, key: str, timeout: float, give_up: Callable[[], None] | None = None
+) -> bytes:
+    """``store.get(key)`` waiting up to ``timeout`` seconds in slices, calling ``give_up``
+    (which raises to end the wait) between them. Raises the store's error on timeout."""
+    if give_up is None:
+        return store.get(key, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return store.get(key, timeout=max(min(left, POLL_S), 0.05))
+        except HoraError:
+            if left <= POLL_S:
+                raise
+        give_up()
 
 
 class Endpoint:
@@ -58,6 +113,7 @@ class Endpoint:
         self._secret = bytes(secret)
         self._prefix = prefix
         self._timeout = timeout
+        self._gone: Callable[[], str | None] | None = None
         self._lock = threading.Condition()
         self._pairs: dict[Any, Any] = {}
         self._arrived: dict[tuple[int, int], Any] = {}  # (peer, kind) -> what _adopt made
@@ -99,6 +155,19 @@ class Endpoint:
         if not 0 <= peer < self.size or peer == self.rank:
             raise ValueError(f"peer must be another rank in [0, {self.size}), got {peer}")
 
+    def give_up_when(self, gone: Callable[[], str | None]) -> None:
+        """Have every wait for a peer end with a :class:`TransportError` as soon as ``gone()``
+        returns a reason (it is asked every :data:`POLL_S` seconds while waiting)."""
+        self._gone = gone
+
+    def _give_up(self) -> None:
+        """Raise if the check given to :meth:`give_up_when` says a member of the job is gone."""
+        why = self._gone() if self._gone is not None else None
+        if why:
+            raise TransportError(
+                f"rank {self.rank} stopped waiting for its {self.WHAT} connections: {why}"
+            )
+
     # -- the pair table ---------------------------------------------------------------------
     def _lazy(self, key: Any, make: Callable[[], Any]) -> Any:
         """The pair under ``key``, made by ``make()`` on the first call (one attempt at once)."""
@@ -130,12 +199,20 @@ class Endpoint:
     def _take(self, keys: list[tuple[int, int]]) -> list[Any] | None:
         """The admitted connections under ``keys`` once all have arrived (removed from the
         table), or None after the connect timeout. Raises if the transport closes meanwhile."""
-        with self._lock:
-            ready = self._lock.wait_for(
-                lambda: all(k in self._arrived for k in keys) or self._closed, self._timeout
-            )
-            self._check_open()
-            return [self._arrived.pop(k) for k in keys] if ready else None
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            with self._lock:
+                ready = self._lock.wait_for(
+                    lambda: all(k in self._arrived for k in keys) or self._closed,
+                    max(min(left, POLL_S), 0.0),
+                )
+                self._check_open()
+                if ready:
+                    return [self._arrived.pop(k) for k in keys]
+            if left <= POLL_S:
+                return None
+            self._give_up()
 
     # -- admission (on the listener's threads) ---------------------------------------------
     def _parse_context(self, context: bytes) -> tuple[int, int]:

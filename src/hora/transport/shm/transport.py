@@ -136,6 +136,7 @@ class ShmTransport(Endpoint):
                         f"rank {peer} is not listening for shared memory on this host after "
                         f"{self._timeout:g}s ({e}); set HORA_SHM_DISABLE=1 to use TCP"
                     ) from e
+                self._give_up()
                 time.sleep(delay)
                 delay = min(delay * 2, 0.25)
 

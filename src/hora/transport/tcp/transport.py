@@ -24,7 +24,7 @@ from typing import Protocol
 
 from hora.errors import AuthenticationError, HoraError, TransportError
 from hora.transport.base import CONTROL, DATA
-from hora.transport.endpoint import Endpoint
+from hora.transport.endpoint import Endpoint, get_within
 from hora.transport.listener import HANDSHAKE_DEADLINE_S
 from hora.transport.tcp.auth import connect_handshake
 from hora.transport.tcp.pair import TcpPair
@@ -134,7 +134,7 @@ class TcpTransport(Endpoint):
         deadline = time.monotonic() + self._timeout
         key = self._addr_key(peer)
         try:
-            raw = self._store.get(key, timeout=self._timeout)
+            raw = get_within(self._store, key, self._timeout, self._give_up)
         except HoraError as e:
             raise TransportError(
                 f"rank {peer} did not publish its address ({key}) in time: {e}"
@@ -153,6 +153,7 @@ class TcpTransport(Endpoint):
                         f"could not connect to rank {peer} at {host}:{port} within "
                         f"{self._timeout:g}s: {e}"
                     ) from e
+                self._give_up()
                 time.sleep(min(delay, max(remaining, 0.0)))
                 delay = min(delay * 2, 0.5)
         try:
