@@ -366,17 +366,6 @@ KNOBS: tuple[Knob, ...] = (
         None,
     ),
     Knob(
-        "liveness_timeout_seconds",
-        float,
-        5.0,
-        "LIVENESS_TIMEOUT_SECONDS",
-        "Seconds without a heartbeat after which a peer counts as dead.",
-        None,
-        None,
-        None,
-        positive=True,
-    ),
-    Knob(
         "cpu_bind",
         str,
         "none",

@@ -193,7 +193,6 @@ class Settings:
     listen_any: bool = False
     mpi_threads_disable: bool = False
     shm_disable: bool = False
-    liveness_timeout_seconds: float = 5.0
     cpu_bind: str = "none"
     thread_affinity: str = ""
     num_nccl_streams: int = 1
