@@ -9,16 +9,12 @@ start_timeout message; and no rank process is left running after any of them.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import threading
 import time
 
 import pytest
-
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'hora[spark]')")
-if shutil.which("java") is None:
-    pytest.skip("no java on PATH: Spark needs a Java runtime", allow_module_level=True)
+from spark_session import session  # skips the module without pyspark or Java
 
 from hora.errors import LaunchError  # noqa: E402
 
@@ -27,20 +23,9 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("hora-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("FATAL")
-    yield session
-    session.stop()
+    started = session("local[2]", "hora-tests", {"spark.python.worker.reuse": "true"})
+    yield started
+    started.stop()
 
 
 def _hora_threads(wait: float = 10.0) -> list[str]:
@@ -116,7 +101,6 @@ def test_output_reaches_the_given_streams(spark) -> None:
 
     def talk() -> None:
         import os
-        import sys
 
         rank = os.environ["HORA_RANK"]
         print(f"out of {rank}")

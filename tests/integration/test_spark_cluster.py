@@ -10,14 +10,9 @@ once, and a retried task refuses to start a rank).
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 
 import pytest
-
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'hora[spark]')")
-if shutil.which("java") is None:
-    pytest.skip("no java on PATH: Spark needs a Java runtime", allow_module_level=True)
+from spark_session import session  # skips the module without pyspark or Java
 
 from hora.errors import LaunchError  # noqa: E402
 
@@ -26,21 +21,10 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
-        .appName("hora-tests-cluster")
-        .config("spark.executor.memory", "512m")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("FATAL")
-    yield session
-    session.stop()
+    conf = {"spark.executor.memory": "512m", "spark.ui.showConsoleProgress": "false"}
+    started = session("local-cluster[2,1,1024]", "hora-tests-cluster", conf)
+    yield started
+    started.stop()
 
 
 def test_ranks_of_two_executors_on_one_host_share_its_local_ranks(spark) -> None:

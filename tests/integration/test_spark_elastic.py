@@ -11,7 +11,6 @@ driver thread or rendezvous store is left.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import sys
 import threading
@@ -20,10 +19,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'hora[spark]')")
-if shutil.which("java") is None:
-    pytest.skip("no java on PATH: Spark needs a Java runtime", allow_module_level=True)
+from spark_session import session  # skips the module without pyspark or Java
 
 from hora.errors import LaunchError  # noqa: E402
 
@@ -35,20 +31,9 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("hora-elastic-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("FATAL")
-    yield session
-    session.stop()
+    started = session("local[2,4]", "hora-elastic-tests", {"spark.python.worker.reuse": "true"})
+    yield started
+    started.stop()
 
 
 def _train(flag_dir: str, epochs: int, die_at: int, every_time: bool = False):
