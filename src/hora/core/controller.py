@@ -106,11 +106,24 @@ class Coordinator:
         srank = st.set_rank(global_rank)
         st.member_epoch[srank] = epoch
         self._purge(st)
+        # Cache hits, the steady state, take a shorter way than _add: a cached spec is never
+        # a join or a barrier, and a tensor not yet asked for by every member (none joined)
+        # cannot be ready, so _maybe_ready runs only when it may decide something.
+        table, size, joined, on_ready = st.table, st.size, st.joined, self.on_ready
+        get = st.mirror.get
         for cid in hits:
-            spec = st.mirror.get(cid) or st.graveyard.get(cid, (None, 0))[0]
+            spec = get(cid) or st.graveyard.get(cid, (None, 0))[0]
             if spec is None:
                 raise ValueError(f"rank {global_rank} reported unknown cache entry {cid}")
-            self._add(st, srank, spec.request_for(srank))
+            req = spec.request_for(srank)
+            pend = table.get(req.match)
+            if pend is None:
+                pend = table[req.match] = _Pending()
+            pend.requests[srank] = req
+            if on_ready is not None:
+                on_ready(req.name, st.ranks[srank])
+            if joined or len(pend.requests) >= size:
+                self._maybe_ready(st, req.match, spec)
         for wire in wires:
             self._add(st, srank, Request.from_wire(wire))
 
@@ -139,7 +152,10 @@ class Coordinator:
             self.on_ready(req.name, st.ranks[srank])
         self._maybe_ready(st, req.match)
 
-    def _maybe_ready(self, st: SetState, name: str) -> None:
+    def _maybe_ready(self, st: SetState, name: str, cached: TensorSpec | None = None) -> None:
+        """Move ``name`` to the ready list once every member asked. ``cached``: the cached
+        spec a hit named; when every member's request is that very spec's (every rank hit it,
+        none joined), it was validated when cached and goes on as it is."""
         pend = st.table[name]
         if len(pend.requests) < st.size and (
             not st.joined or not all(r in pend.requests or r in st.joined for r in range(st.size))
@@ -148,7 +164,14 @@ class Coordinator:
         del st.table[name]
         if not st.ready:
             st.ready_since = time.monotonic()
-        spec_or_error = self._validate(st, pend.requests)
+        if (
+            cached is not None
+            and not st.joined
+            and all(q is cached.request for q in pend.requests.values())
+        ):
+            spec_or_error: TensorSpec | str = cached
+        else:
+            spec_or_error = self._validate(st, pend.requests)
         if isinstance(spec_or_error, str):
             full = pend.requests[min(pend.requests)].name
             st.ready.append(

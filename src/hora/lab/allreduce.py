@@ -123,6 +123,7 @@ class AllreduceBenchConfig:
         """What ``label``'s workers need: sizes, iterations and warm-up, the result file."""
         iters = [self.iters or default_iters(s) for s in self.sizes]
         resnet = self.iters or default_iters(25_557_032 * 4)
+        small = self.iters or 1000
         return {
             "label": label,
             "sizes": self.sizes,
@@ -132,6 +133,8 @@ class AllreduceBenchConfig:
             "timeout": self.timeout,
             "engine_cost": self.engine_cost,
             "engine_cost_min_bytes": ENGINE_COST_MIN_BYTES,
+            "small_iters": small,
+            "small_warmup": warmup_iters(small),
             "resnet_iters": resnet,
             "resnet_warmup": warmup_iters(resnet),
         }

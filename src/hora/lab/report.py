@@ -163,7 +163,8 @@ def allreduce_table(rows: Sequence[Row]) -> str:
 
 
 def engine_cost_table(rows: Sequence[Row]) -> str:
-    """Per hora backend: the API against the backend called directly (per size), and ResNet-50's
+    """Per hora backend: the API against the backend called directly (per size, and for one
+    grouped allreduce of 25 small tensors), and ResNet-50's
     tensors against one buffer of the same total size. A/B is the ratio of the medians; the CPU
     columns are the CPU time rank 0's process spent per call (median, all its threads), where
     measured: what A costs beyond B in CPU against what it costs in time tells computing from
@@ -190,7 +191,7 @@ def engine_cost_table(rows: Sequence[Row]) -> str:
             ]
         )
 
-    order = {"api": 0, "resnet50": 1, "resnet50 grouped": 2}
+    order = {"api": 0, "small grouped": 1, "resnet50": 2, "resnet50 grouped": 3}
     for backend, case, size in sorted(
         (k for k in by_key if k[1] in order), key=lambda k: (k[0], order[k[1]], k[2])
     ):
@@ -198,6 +199,10 @@ def engine_cost_table(rows: Sequence[Row]) -> str:
         if case == "api" and (backend, "direct", size) in by_key:
             b = by_key[(backend, "direct", size)]
             add(backend, f"allreduce {human_size(size)}", a, b, "API", "backend direct")
+        elif case == "small grouped" and (backend, "small direct", size) in by_key:
+            b = by_key[(backend, "small direct", size)]
+            label = f"{a['tensors']} tensors grouped"
+            add(backend, f"small tensors {human_size(size)}", a, b, label, "backend direct")
         elif case.startswith("resnet50") and (backend, "one buffer", size) in by_key:
             b = by_key[(backend, "one buffer", size)]
             how = " grouped" if case.endswith("grouped") else ""

@@ -216,6 +216,7 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
         sink.put("api", nbytes, 1, warmup, *api)
         sink.put("direct", nbytes, 1, warmup, *direct)
 
+    _small_grouped(plan, sink, hvd, comm, backend)
     shapes = resnet50_shapes()[::-1]  # gradients become ready from the last layer back
     grads = [small_pages(s) for s in shapes]
     total = sum(g.size for g in grads)
@@ -245,6 +246,37 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
     sink.put("resnet50", total * 4, len(grads), warmup, *many_t)
     sink.put("resnet50 grouped", total * 4, len(grads), warmup, *grouped_t)
     sink.put("one buffer", total * 4, 1, warmup, *one_t)
+
+
+SMALL_TENSORS = (25, 11_000)  # many small gradients: 25 tensors of 44 KB, 1.1 MB in all
+
+
+def _small_grouped(plan: dict[str, Any], sink: Sink, hvd: Any, comm: Any, backend: Any) -> None:
+    """One grouped allreduce of many small tensors through the API against the backend's own
+    call on the same tensors (``allreduce_parts`` where it reduces them where they lie, else
+    ``allreduce`` of one buffer of the same size): what the engine adds to a step of small
+    gradients, back to back."""
+    from hora.collectives.reduce_ops import SUM
+
+    count, numel = SMALL_TENSORS
+    grads = [np.zeros(numel, dtype=np.float32) for _ in range(count)]
+    total = count * numel * 4
+    parts = getattr(backend, "reduces_parts", None)
+    if parts is not None and parts(comm, total):
+        direct = partial(backend.allreduce_parts, comm, grads, "float32", SUM)
+    else:
+        direct = partial(
+            backend.allreduce, comm, np.zeros(count * numel, np.float32), "float32", SUM
+        )
+    iters, warmup = plan["small_iters"], plan["small_warmup"]
+    api_t, direct_t = time_alternating(
+        [partial(hvd.grouped_allreduce, grads, op=hvd.Sum, outputs=grads, name="small"), direct],
+        iters,
+        warmup,
+        hvd.barrier,
+    )
+    sink.put("small grouped", total, count, warmup, *api_t)
+    sink.put("small direct", total, count, warmup, *direct_t)
 
 
 def run_gloo(plan: dict[str, Any]) -> None:

@@ -137,6 +137,54 @@ def test_cached_specs_travel_as_ids_and_members_decode_them() -> None:
         assert decoded[0].names == ["allreduce.w"]
 
 
+def _cached(c: Coordinator, member: ResponseCache, req: Request, size: int) -> int:
+    """Run ``req`` once on every rank so that it is cached; its id."""
+    for r in range(size):
+        _send(c, r, req)
+    [(st, responses)] = c.take_responses()
+    decode_responses(c.encode(st, responses), member)
+    cid = member.hit(req, 0)
+    assert cid is not None
+    return cid
+
+
+def test_a_hit_on_every_rank_releases_the_cached_spec_itself() -> None:
+    c = _coord(2)
+    member = ResponseCache(16)
+    cid = _cached(c, member, _ar("w"), 2)
+    spec = c.sets[0].mirror.get(cid)
+    _send(c, 0, hits=[cid], epoch=1)
+    assert c.take_responses() == []  # rank 1 has not asked yet
+    _send(c, 1, hits=[cid], epoch=1)
+    [(st, [resp])] = c.take_responses()
+    assert resp.specs == [spec] and resp.specs[0] is spec
+    assert c.encode(st, [resp])[0][1] == [cid]
+
+
+def test_a_hit_beside_a_changed_request_still_reports_the_mismatch() -> None:
+    c = _coord(2)
+    member = ResponseCache(16)
+    cid = _cached(c, member, _ar("w", 4), 2)
+    _send(c, 0, hits=[cid], epoch=1)
+    _send(c, 1, _ar("w", 5), epoch=1)  # rank 1 changed the shape: a miss, sent in full
+    [(st, [resp])] = c.take_responses()
+    assert resp.op == OpType.ERROR
+    assert "shape [4], but another rank sent a tensor of shape [5]" in resp.error
+    assert "(rank 0 vs rank 1; tensor allreduce.w)" in resp.error
+
+
+def test_hits_with_a_joined_rank_are_still_validated() -> None:
+    c = _coord(3)
+    member = ResponseCache(16)
+    bcast = Request(OpType.BROADCAST, "broadcast.b", "float32", (4,), root=0)
+    cid = _cached(c, member, bcast, 3)
+    _send(c, 2, Request(OpType.JOIN, "join.noname"), epoch=1)
+    _send(c, 0, hits=[cid], epoch=1)
+    _send(c, 1, hits=[cid], epoch=1)
+    [(st, [resp])] = c.take_responses()
+    assert resp.op == OpType.ERROR and "Broadcast is not supported with Join" in resp.error
+
+
 def test_stall_report_names_the_missing_ranks() -> None:
     c = _coord(3)
     _send(c, 0, _ar("late"))

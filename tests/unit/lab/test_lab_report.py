@@ -114,6 +114,8 @@ def test_engine_cost_table() -> None:
             _row("hora", 102228128, 0.12, case="resnet50", tensors=161),
             _row("hora", 102228128, 0.11, case="resnet50 grouped", tensors=161),
             _row("hora", 102228128, 0.10, case="one buffer"),
+            _row("hora", 1100000, 0.9e-3, case="small grouped", tensors=25),
+            _row("hora", 1100000, 0.5e-3, case="small direct", tensors=25),
             _row("hora-tcp", 1 << 20, 1.5e-3, case="api"),
             _row("hora-tcp", 1 << 20, 1.2e-3, case="direct"),
         ],
@@ -137,12 +139,14 @@ def test_engine_cost_table() -> None:
         "0.800",
     ]
     assert lines[0].rstrip().endswith("A/B  A cpu ms  B cpu ms")
-    assert cells[1][:3] == ["hora", "ResNet-50", "97.49"] and cells[1][-3:] == ["1.200", "-", "-"]
-    assert "161 tensors" in lines[3] and "grouped" not in lines[3]
-    assert cells[2][:3] == ["hora", "ResNet-50", "97.49"] and cells[2][-3] == "1.100"
-    assert "161 tensors grouped" in lines[4]
-    assert cells[3][0] == "hora-tcp" and cells[3][-3] == "1.250"
-    assert len(cells) == 4
+    assert cells[1][:3] == ["hora", "small", "tensors"] and cells[1][-3:] == ["1.800", "-", "-"]
+    assert "25 tensors grouped" in lines[3] and "backend direct" in lines[3]
+    assert cells[2][:3] == ["hora", "ResNet-50", "97.49"] and cells[2][-3:] == ["1.200", "-", "-"]
+    assert "161 tensors" in lines[4] and "grouped" not in lines[4]
+    assert cells[3][:3] == ["hora", "ResNet-50", "97.49"] and cells[3][-3] == "1.100"
+    assert "161 tensors grouped" in lines[5]
+    assert cells[4][0] == "hora-tcp" and cells[4][-3] == "1.250"
+    assert len(cells) == 5
 
 
 def test_csv_round_trips() -> None:

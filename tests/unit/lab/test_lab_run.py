@@ -104,9 +104,11 @@ def test_engine_cost_run_measures_every_case(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["case"]: r for r in json.loads(out_json.read_text())["rows"]}
     cases = {"allreduce", "api", "direct", "resnet50", "resnet50 grouped", "one buffer"}
-    assert set(rows) == cases
+    assert set(rows) == cases | {"small grouped", "small direct"}
+    assert rows["small grouped"]["tensors"] == rows["small direct"]["tensors"] == 25
     assert rows["resnet50"]["tensors"] == rows["resnet50 grouped"]["tensors"] == 161
     assert rows["one buffer"]["size_bytes"] == rows["resnet50"]["size_bytes"] == 25557032 * 4
     table = proc.stdout[proc.stdout.index("engine cost") :].splitlines()
     assert any(" API " in line and "backend direct" in line for line in table)
     assert any("161 tensors grouped" in line and line.split()[-1][0].isdigit() for line in table)
+    assert any("25 tensors grouped" in line and "backend direct" in line for line in table)
