@@ -2,22 +2,37 @@
 
 A contiguous CPU tensor is viewed, not copied: the engine reads and (for in-place ops) writes the
 tensor's own memory. bfloat16 has no NumPy dtype, so its storage is viewed as ``uint16`` and
-tagged ``dtype="bfloat16"``. CUDA tensors and non-contiguous tensors are staged through a
-contiguous host copy; in-place ops copy the result back into the user's tensor.
+tagged ``dtype="bfloat16"``. Non-contiguous CPU tensors are staged through a contiguous copy; in
+place ops copy the result back into the user's tensor.
+
+CUDA tensors travel through pinned host memory without stopping the device
+(``hora.torch.device``): staging records an event on the caller's current stream, makes hora's
+copy stream wait on it, copies asynchronously into a pinned buffer from a small pool and records
+a "copied" event; :meth:`Staged.ready` waits on that event only. The way back copies the result
+into pinned memory and then to the device on hora's copy stream, and makes the caller's stream
+(the one current when the tensor was staged) wait on a "done" event: nothing waits on the host.
+A pinned buffer goes back to its pool when its NumPy view is dropped, and is reused only after
+the last copy out of it has completed. Until the engine can call ``ready()`` just before it
+first reads a buffer, :func:`stage` calls it itself (``defer=False``).
 
 ``stage`` runs in the caller's thread; ``to_tensor``/``write_back`` run wherever the result is
-finalized (the engine thread). All functions are pure apart from the in-place write-back, and
-thread-safe.
+finalized (the engine thread). All functions are pure apart from the in-place write-back and the
+pinned-buffer pools, and thread-safe.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from hora.errors import UnsupportedTypeError
+from hora.errors import HoraInternalError, UnsupportedTypeError
+from hora.torch import device as _device
+from hora.torch.device import DeviceRuntime, PinnedPool
 
 _WIRE_NAMES: dict[torch.dtype, str] = {
     torch.uint8: "uint8",
@@ -34,6 +49,28 @@ _WIRE_NAMES: dict[torch.dtype, str] = {
 if hasattr(torch, "uint16"):
     _WIRE_NAMES[torch.uint16] = "uint16"
 
+# one pool of pinned buffers per device runtime
+_pools: weakref.WeakKeyDictionary[Any, PinnedPool] = weakref.WeakKeyDictionary()
+# id(device tensor) -> (the tensor, the stream current when it was staged), for to_tensor's
+# way back; keyed by id because tensors compare element-wise
+_user_streams: dict[int, tuple[weakref.ref[torch.Tensor], Any]] = {}
+_user_streams_lock = threading.Lock()
+
+
+def pool(rt: DeviceRuntime) -> PinnedPool:
+    """The pinned-buffer pool of ``rt`` (made on first use)."""
+    p = _pools.get(rt)
+    if p is None:
+        p = _pools.setdefault(rt, PinnedPool(rt))
+    return p
+
+
+class _Lease:
+    """A pinned buffer lent to one staged tensor and the event after which it is free again."""
+
+    def __init__(self, buf: torch.Tensor, event: Any) -> None:
+        self.buf, self.event = buf, event
+
 
 @dataclass(frozen=True)
 class Staged:
@@ -41,12 +78,24 @@ class Staged:
 
     ``array`` is what the engine reads (and writes, for in-place ops); it aliases ``tensor``
     unless ``copied``. ``dtype`` is the hora dtype override to pass along (``"bfloat16"``) or None.
+    For a device tensor, ``runtime``, ``stream`` (the caller's stream), ``event`` (the copy into
+    ``array`` is complete) and ``lease`` (the pinned buffer under ``array``) are set.
     """
 
     tensor: torch.Tensor
     array: np.ndarray
     dtype: str | None
     copied: bool
+    runtime: DeviceRuntime | None = None
+    stream: Any = None
+    event: Any = None
+    lease: _Lease | None = None
+
+    def ready(self) -> None:
+        """Wait until ``array`` holds the tensor's data (at once for CPU tensors). Called by
+        whichever thread reads ``array`` first; cheap to call again."""
+        if self.runtime is not None and self.event is not None:
+            self.runtime.event_synchronize(self.event)
 
 
 def check_tensor(tensor: object, what: str = "tensor") -> torch.Tensor:
@@ -64,21 +113,82 @@ def check_tensor(tensor: object, what: str = "tensor") -> torch.Tensor:
     return tensor
 
 
-def stage(tensor: torch.Tensor, what: str = "tensor") -> Staged:
-    """Expose ``tensor``'s data as a NumPy array: a view when possible, else a host copy."""
+def _numpy(host: torch.Tensor) -> tuple[np.ndarray, str | None]:
+    """A host tensor's memory as NumPy, and the dtype override (bfloat16 as uint16 storage)."""
+    if host.dtype == torch.bfloat16:
+        return host.view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    return host.numpy(), None
+
+
+def stage(
+    tensor: torch.Tensor,
+    what: str = "tensor",
+    runtime: DeviceRuntime | None = None,
+    defer: bool = False,
+) -> Staged:
+    """Expose ``tensor``'s data as a NumPy array: a view when possible, else a host copy.
+
+    A CUDA tensor goes through pinned memory with ``runtime`` (default: the CUDA runtime); with
+    ``defer`` the copy may still be in flight, and the reader must call ``ready()`` first.
+    """
     check_tensor(tensor, what)
+    if tensor.device.type == "cuda":
+        rt = runtime or _device.runtime()
+        if rt is not None:
+            return stage_device(tensor, rt, defer)
     host = tensor.detach()
     copied = False
-    if host.device.type != "cpu":
+    if host.device.type != "cpu":  # a device without a stream runtime here: a blocking copy
         host = host.to("cpu")
         copied = True
     if not host.is_contiguous():
         host = host.contiguous()
         copied = True
-    host = host.resolve_conj().resolve_neg()
-    if host.dtype == torch.bfloat16:
-        return Staged(tensor, host.view(torch.int16).numpy().view(np.uint16), "bfloat16", copied)
-    return Staged(tensor, host.numpy(), None, copied)
+    array, dtype = _numpy(host.resolve_conj().resolve_neg())
+    return Staged(tensor, array, dtype, copied)
+
+
+def stage_device(tensor: torch.Tensor, rt: DeviceRuntime, defer: bool = False) -> Staged:
+    """Stage a device tensor through a pinned buffer on hora's copy stream (any tensor when
+    ``rt`` is a fake). Caller's thread."""
+    dev = tensor.device
+    src = tensor.detach()
+    if not src.is_contiguous():
+        src = src.contiguous()  # on the caller's stream, like the rest of its work
+    src = src.resolve_conj().resolve_neg().reshape(-1)
+    user, copy = rt.current_stream(dev), rt.copy_stream(dev)
+    rt.stream_wait_event(copy, rt.record_event(user))  # the copy starts after the caller's work
+    buf = pool(rt).take(src.numel(), src.dtype)
+    rt.keep_alive(src, copy)
+    rt.copy_async(buf, src, copy)
+    copied = rt.record_event(copy)
+    lease = _Lease(buf, copied)
+    array, dtype = _numpy(buf.view(tensor.shape))
+    weakref.finalize(array, _give_back, pool(rt), lease)
+    _remember_stream(tensor, user)
+    staged = Staged(tensor, array, dtype, True, rt, user, copied, lease)
+    if not defer:
+        staged.ready()
+    return staged
+
+
+def _remember_stream(tensor: torch.Tensor, stream: Any) -> None:
+    with _user_streams_lock:
+        if len(_user_streams) > 4096:  # forget the tensors that are gone
+            for k in [k for k, (ref, _) in _user_streams.items() if ref() is None]:
+                del _user_streams[k]
+        _user_streams[id(tensor)] = (weakref.ref(tensor), stream)
+
+
+def _stream_of(tensor: torch.Tensor) -> Any:
+    """The stream that was current when ``tensor`` was last staged, or None."""
+    with _user_streams_lock:
+        ref, stream = _user_streams.get(id(tensor), (None, None))
+    return stream if ref is not None and ref() is tensor else None
+
+
+def _give_back(p: PinnedPool, lease: _Lease) -> None:
+    p.release(lease.buf, lease.event)
 
 
 def _host_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -91,15 +201,69 @@ def _host_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return out if out.dtype == dtype else out.to(dtype)
 
 
-def to_tensor(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+def _to_pinned(p: PinnedPool, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A pinned 1-D copy of ``array`` as ``dtype`` (a host memcpy), from the pool."""
+    host = _host_tensor(np.ascontiguousarray(array), dtype).reshape(-1)
+    buf = p.take(host.numel(), dtype)
+    buf.copy_(host)
+    return buf
+
+
+def _upload(rt: DeviceRuntime, dst: torch.Tensor, src: torch.Tensor, user: Any) -> Any:
+    """Copy pinned ``src`` into ``dst`` on hora's stream, after the caller's stream's work so
+    far, and make the caller's stream wait for it. The "done" event."""
+    copy = rt.copy_stream(dst.device)
+    rt.stream_wait_event(copy, rt.record_event(user))
+    rt.keep_alive(dst, copy)
+    rt.copy_async(dst, src, copy)
+    done = rt.record_event(copy)
+    rt.stream_wait_event(user, done)
+    return done
+
+
+def to_tensor(array: np.ndarray, like: torch.Tensor, runtime: DeviceRuntime | None = None
+              ) -> torch.Tensor:  # fmt: skip
     """Wrap a result array as a tensor with ``like``'s dtype and device (no copy on CPU)."""
+    if like.device.type == "cuda":
+        rt = runtime or _device.runtime()
+        if rt is not None:
+            return to_device(array, like, rt)
     out = _host_tensor(array, like.dtype)
     return out if like.device.type == "cpu" else out.to(like.device)
 
 
+def to_device(array: np.ndarray, like: torch.Tensor, rt: DeviceRuntime) -> torch.Tensor:
+    """``array`` as a new tensor on ``like``'s device, copied asynchronously; the stream that
+    was current when ``like`` was staged (else this thread's) waits for the copy. Engine thread.
+    """
+    p = pool(rt)
+    buf = _to_pinned(p, array, like.dtype)
+    user = _stream_of(like) or rt.current_stream(like.device)
+    out = rt.device_empty(buf.numel(), like.dtype, like.device, user)
+    p.release(buf, _upload(rt, out, buf, user))
+    return out.view(array.shape)
+
+
 def write_back(staged: Staged, result: np.ndarray) -> torch.Tensor:
     """Finish an in-place op: the user's tensor, holding ``result``."""
+    if staged.runtime is not None:
+        return _write_back_device(staged, result)
     if staged.copied or not np.may_share_memory(result, staged.array):
         target = staged.tensor.data
         target.copy_(_host_tensor(result, target.dtype).view(target.shape))
+    return staged.tensor
+
+
+def _write_back_device(staged: Staged, result: np.ndarray) -> torch.Tensor:
+    """Copy ``result`` into the device tensor on hora's stream (engine thread)."""
+    rt, lease, target = staged.runtime, staged.lease, staged.tensor.data
+    if rt is None or lease is None:  # set together by stage_device
+        raise HoraInternalError("a device tensor was staged without its runtime and buffer")
+    if np.may_share_memory(result, staged.array):  # the engine wrote the pinned buffer itself
+        src = lease.buf
+        lease.event = _upload(rt, target, src.view(target.shape), staged.stream)
+    else:
+        p = pool(rt)
+        src = _to_pinned(p, result, target.dtype)
+        p.release(src, _upload(rt, target, src.view(target.shape), staged.stream))
     return staged.tensor

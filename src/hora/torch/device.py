@@ -229,7 +229,7 @@ class FakeCudaRuntime:
     def pinned_empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         with self._lock:
             self.log.append(("pinned", numel))
-            buf = torch.empty(numel, dtype=dtype)
+            buf = torch.zeros(numel, dtype=dtype)  # zeros: a copy that has not run shows
             self.pinned.append(buf)
             return buf
 
