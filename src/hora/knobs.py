@@ -41,6 +41,8 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 CONTROLLERS = ("native", "gloo", "mpi")
 CPU_OPERATIONS = ("native", "gloo", "mpi", "nccl")
 GPU_OPERATIONS = ("nccl", "mpi", "gloo", "native")
+# the ops Horovod lets HOROVOD_GPU_<OP> choose a GPU backend for, one by one
+GPU_OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 CPU_BIND = ("auto", "none")
 # Libraries Horovod can be built with and hora does not have: name -> what to use instead.
 NOT_BUILT = {
@@ -81,6 +83,16 @@ KNOBS: tuple[Knob, ...] = (
         "params",
         "cache_capacity",
         low=0,
+    ),
+    Knob(
+        "fast_path",
+        bool,
+        True,
+        "FAST_PATH",
+        "Steady state without the coordinator: ranks agree on cached tensors among themselves.",
+        None,
+        None,
+        None,
     ),
     Knob(
         "hierarchical_allreduce",
@@ -284,6 +296,21 @@ KNOBS: tuple[Knob, ...] = (
         None,
         None,
         choices=GPU_OPERATIONS,
+    ),
+    *(
+        Knob(
+            f"gpu_{op}",
+            str,
+            "",
+            f"GPU_{op.upper()}",
+            f"Backend for GPU {op} (Horovod's per-op form of GPU_OPERATIONS, which it overrides; "
+            "hora runs every op of a job through one backend, so all that are set must agree).",
+            None,
+            None,
+            None,
+            choices=GPU_OPERATIONS,
+        )
+        for op in GPU_OPS
     ),
     Knob(
         "dynamic_process_sets",

@@ -27,6 +27,7 @@ from hora.knobs import (
     CPU_BIND,
     CPU_OPERATIONS,
     GPU_OPERATIONS,
+    GPU_OPS,
     KNOB_BY_FIELD,
     KNOBS,
     LOG_LEVELS,
@@ -36,9 +37,9 @@ from hora.knobs import (
 )
 
 __all__ = [
-    "CONTROLLERS", "CPU_BIND", "CPU_OPERATIONS", "GPU_OPERATIONS", "KNOBS", "KNOB_BY_FIELD",
-    "LOG_LEVELS", "MiB", "NOT_BUILT", "Knob", "SettingError", "Settings", "check_paths",
-    "env_lookup", "load", "path_problem", "problem", "to_env", "validate", "where",
+    "CONTROLLERS", "CPU_BIND", "CPU_OPERATIONS", "GPU_OPERATIONS", "GPU_OPS", "KNOBS",
+    "KNOB_BY_FIELD", "LOG_LEVELS", "MiB", "NOT_BUILT", "Knob", "SettingError", "Settings",
+    "check_paths", "env_lookup", "load", "path_problem", "problem", "to_env", "validate", "where",
 ]  # fmt: skip
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
@@ -69,6 +70,8 @@ def _parse(knob: Knob, raw: str, name: str | None = None) -> Any:
         ) from None
 
 
+_GPU_OP_FIELDS = tuple(f"gpu_{op}" for op in GPU_OPS)
+_BACKEND_FIELDS = ("cpu_operations", "gpu_operations", "controller", *_GPU_OP_FIELDS)
 _ALIASES = ("tcp", "hora")  # accepted for native by the controller and CPU-operations knobs
 
 
@@ -92,7 +95,7 @@ def problem(knob: Knob, value: Any) -> str | None:
     if knob.choices is not None:
         low = str(value).strip().lower()
         valid = ", ".join(knob.choices)
-        if low in NOT_BUILT and knob.field in ("cpu_operations", "gpu_operations", "controller"):
+        if low in NOT_BUILT and knob.field in _BACKEND_FIELDS:
             return (
                 f"{low.upper()} ({NOT_BUILT[low]}) support is not built into hora, as in a "
                 f"Horovod build without HOROVOD_WITH_{low.upper()}; use one of {valid}"
@@ -128,7 +131,34 @@ def validate(settings: Settings) -> Settings:
         if wrong:
             origin = where(settings, knob)
             raise SettingError(f"{origin}={_shown(knob, value, origin)}: {wrong}")
+    _check_gpu_ops(settings)
     return settings
+
+
+def _gpu_choices(settings: Settings) -> list[tuple[str, str]]:
+    """(how it was given, backend in lower case) for HOROVOD_GPU_OPERATIONS and every
+    HOROVOD_GPU_<OP> that is set."""
+    out = []
+    for f in ("gpu_operations", *_GPU_OP_FIELDS):
+        value = str(getattr(settings, f)).strip()
+        if value:
+            out.append((where(settings, KNOB_BY_FIELD[f]), value.lower()))
+    return out
+
+
+def _check_gpu_ops(settings: Settings) -> None:
+    """Every GPU backend named must be the same one: HOROVOD_GPU_<OP> overrides
+    HOROVOD_GPU_OPERATIONS for its op in Horovod, but hora runs all ops through one backend."""
+    named = _gpu_choices(settings)
+    for origin, value in named[1:]:
+        if value != named[0][1]:
+            first = f"{named[0][0]}={named[0][1].upper()}"
+            raise SettingError(
+                f"{origin}={value.upper()} differs from {first}: hora runs every collective "
+                "of a job through one backend (and Horovod refuses to mix NCCL and MPI on GPUs "
+                "without HOROVOD_ALLOW_MIXED_GPU_IMPL=1); give them the same value, or set "
+                "only HOROVOD_GPU_OPERATIONS"
+            )
 
 
 def path_problem(path: str) -> str | None:
@@ -165,6 +195,7 @@ class Settings:
     fusion_threshold: int = 128 * MiB
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
+    fast_path: bool = True
     hierarchical_allreduce: bool = False
     hierarchical_allgather: bool = False
     torus_allreduce: bool = False
@@ -184,6 +215,11 @@ class Settings:
     controller: str = ""
     cpu_operations: str = ""
     gpu_operations: str = ""
+    gpu_allreduce: str = ""
+    gpu_allgather: str = ""
+    gpu_broadcast: str = ""
+    gpu_alltoall: str = ""
+    gpu_reducescatter: str = ""
     dynamic_process_sets: bool = False
     elastic: bool = False
     elastic_timeout: float = 600.0
@@ -219,12 +255,12 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
                 values[knob.field] = _parse(knob, env[name], name)
                 origin[knob.field] = name
                 break
-    # Horovod also accepts HOROVOD_GPU_ALLREDUCE=NCCL as a GPU-operations selector.
-    if "gpu_operations" not in values:
-        for name in ("HORA_GPU_ALLREDUCE", "HOROVOD_GPU_ALLREDUCE"):
-            if env.get(name):
-                values["gpu_operations"] = env[name]
-                origin["gpu_operations"] = name
+    # HOROVOD_GPU_<OP> alone (Horovod's older spelling, HOROVOD_GPU_ALLREDUCE=NCCL) names the
+    # GPU backend too: the first one set stands for them all (validate checks they agree).
+    if not values.get("gpu_operations"):
+        for f in _GPU_OP_FIELDS:
+            if values.get(f):
+                values["gpu_operations"], origin["gpu_operations"] = values[f], origin[f]
                 break
     return validate(Settings(**values, explicit=frozenset(origin), origin=origin))
 
