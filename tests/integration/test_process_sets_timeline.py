@@ -140,11 +140,18 @@ def _cache_and_fusion(rank: int) -> dict[str, int]:
 
 
 @pytest.mark.timeout(60)
-def test_steady_state_uses_cache_bits_and_fusion() -> None:
-    for delta in run_ranks(_cache_and_fusion, 2, timeout=40):
+@pytest.mark.parametrize("fast_path", ["1", "0"])
+def test_steady_state_uses_cache_bits_and_fusion(fast_path: str) -> None:
+    env = {"HORA_FAST_PATH": fast_path}
+    for delta in run_ranks(_cache_and_fusion, 2, timeout=40, env=env):
         # op=Sum differs from the warm-up's Average: the first step re-negotiates in full
         assert delta["requests_full"] == 20, delta
-        assert delta["requests_cached"] == 80, delta
+        if fast_path == "1":  # cache bits once, then the members agree among themselves
+            assert delta["requests_cached"] == 20, delta
+            assert delta["direct_rounds"] >= 3, delta
+        else:  # cache bits to the coordinator at every step
+            assert delta["requests_cached"] == 80, delta
+            assert delta["direct_rounds"] == 0, delta
         assert delta["fused"] > 0, delta  # tensors ready together went as one buffer
         assert delta["responses"] < 100, delta
 

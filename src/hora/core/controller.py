@@ -19,6 +19,7 @@ from collections import OrderedDict
 from typing import Any
 
 from hora.core.messages import (
+    CACHEABLE,
     FUSIBLE,
     OpType,
     Request,
@@ -81,6 +82,8 @@ class Coordinator:
         # called as on_ready(tensor_name, global_rank) when a rank's request arrives
         self.on_ready: Any = None
         self._last_stall_log = time.monotonic()
+        # members may agree on cached work without the coordinator (hora.core.fastpath)
+        self.direct = False
 
     # -- registration -----------------------------------------------------------------------
     def add_set(self, ps_id: int, ranks: list[int]) -> None:
@@ -319,7 +322,7 @@ class Coordinator:
                 continue
             if len(st.ready) > 1:  # higher priority first; ties keep the order they came in
                 st.ready.sort(key=_by_priority)
-            responses = self._fuse(st.ready)
+            responses = fuse(st.ready, self.fusion_threshold)
             st.ready = []
             for resp in responses:
                 if resp.op in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
@@ -331,9 +334,26 @@ class Coordinator:
                 responses.append(Response(OpType.JOIN, last_joined=st.last_joined))
                 st.joined.clear()
                 st.last_joined = -1
+            if self.direct and responses and self._steady(st, responses):
+                responses.append(Response(OpType.DIRECT, threshold=self.fusion_threshold))
             if responses:
                 out.append((st, responses))
         return out
+
+    def _steady(self, st: SetState, responses: list[Response]) -> bool:
+        """Whether members may go on without the coordinator after ``responses``
+        (:mod:`hora.core.fastpath`): the only set, nothing else outstanding, and every
+        tensor of the list one the members' caches already hold."""
+        if len(self.sets) != 1 or st.table or st.barrier or st.joined or st.groups:
+            return False
+        encode_id = st.mirror.encode_id
+        for resp in responses:
+            if resp.op not in CACHEABLE:
+                return False
+            for spec in resp.specs:
+                if encode_id(spec) is None:
+                    return False
+        return True
 
     def _small(self, st: SetState) -> bool:
         total = 0
@@ -361,35 +381,14 @@ class Coordinator:
             resp.process_set_id = existing[0]
             self.remove_set(existing[0])
 
-    def _fuse(self, ready: list[TensorSpec]) -> list[Response]:
-        responses: list[Response] = []
-        open_by_key: dict[tuple[Any, ...], tuple[Response, int]] = {}
-        for spec in ready:
-            req = spec.request
-            if req.op == OpType.ERROR:
-                responses.append(Response(OpType.ERROR, [spec], error=req.group))
-                continue
-            nbytes = req.nbytes
-            if req.op not in FUSIBLE or self.fusion_threshold <= 0 or req.op != OpType.ALLREDUCE:
-                responses.append(Response(req.op, [spec]))
-                continue
-            key = (req.op, req.dtype, req.reduce_op, req.prescale, req.postscale)
-            cur = open_by_key.get(key)
-            if cur is not None and cur[1] + nbytes <= self.fusion_threshold:
-                cur[0].specs.append(spec)
-                open_by_key[key] = (cur[0], cur[1] + nbytes)
-                continue
-            resp = Response(req.op, [spec])
-            responses.append(resp)
-            open_by_key[key] = (resp, nbytes)
-        return responses
-
     def encode(self, st: SetState, responses: list[Response]) -> list[Any]:
         """Wire form of one set's response list; cached specs go as ids. Advances the mirror."""
         wire: list[Any] = []
         st.epoch += 1
         for resp in responses:
             entries: list[Any] = []
+            if resp.op == OpType.DIRECT:
+                entries = [resp.threshold & 0xFFFFFFFF, resp.threshold >> 32]
             for spec in resp.specs:
                 if resp.op == OpType.ERROR:
                     st.mirror.erase(spec.request.name)
@@ -437,11 +436,41 @@ def _by_priority(spec: TensorSpec) -> int:
     return -spec.request.priority
 
 
+def fuse(ready: list[TensorSpec], threshold: int) -> list[Response]:
+    """Ready specs as responses: allreduces that agree on dtype, op and scaling share one
+    response up to ``threshold`` bytes (0: no fusion); everything else goes alone, in order."""
+    responses: list[Response] = []
+    open_by_key: dict[tuple[Any, ...], tuple[Response, int]] = {}
+    for spec in ready:
+        req = spec.request
+        if req.op == OpType.ERROR:
+            responses.append(Response(OpType.ERROR, [spec], error=req.group))
+            continue
+        nbytes = req.nbytes
+        if threshold <= 0 or req.op != OpType.ALLREDUCE:
+            responses.append(Response(req.op, [spec]))
+            continue
+        key = (req.op, req.dtype, req.reduce_op, req.prescale, req.postscale)
+        cur = open_by_key.get(key)
+        if cur is not None and cur[1] + nbytes <= threshold:
+            cur[0].specs.append(spec)
+            open_by_key[key] = (cur[0], cur[1] + nbytes)
+            continue
+        resp = Response(req.op, [spec])
+        responses.append(resp)
+        open_by_key[key] = (resp, nbytes)
+    return responses
+
+
 def decode_responses(wire: list[Any], cache: ResponseCache) -> list[Response]:
     """Member side: the inverse of :meth:`Coordinator.encode`. Advances ``cache`` the same way."""
     out = []
     for op, entries, error, last_joined, ps_id in wire:
         op = OpType(op)
+        if op == OpType.DIRECT:
+            lo, hi = (list(entries) + [0, 0])[:2]
+            out.append(Response(op, threshold=int(lo) | int(hi) << 32))
+            continue
         specs = []
         for e in entries:
             if isinstance(e, int):

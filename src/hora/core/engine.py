@@ -31,6 +31,7 @@ from hora.backends.base import Backend, SetComm
 from hora.core.autotune import Autotuner
 from hora.core.controller import Coordinator, decode_responses
 from hora.core.executor import Executor, TensorEntry
+from hora.core.fastpath import OTHER, DirectMode, decode_header, encode_header
 from hora.core.handles import shut_down_error
 from hora.core.hang_report import HangReport, stacks_message
 from hora.core.messages import CACHEABLE, OpType, Response, bits_encode, decode, encode
@@ -79,6 +80,13 @@ class MemberState:
         self.epoch = 0
         self.table: dict[str, TensorEntry] = {}
         self.joined = False
+        # direct mode (hora.core.fastpath): the cache ids of the tensors waiting for a round,
+        # by table key in submission order; ``other``: something waits that a round cannot
+        # settle; ``sent``: table keys already asked of the coordinator
+        self.direct = DirectMode()
+        self.ready: dict[str, int] = {}
+        self.other = False
+        self.sent: set[str] = set()
 
 
 class Engine:
@@ -100,6 +108,7 @@ class Engine:
         )
         if self.coordinator is not None:
             self.coordinator.on_ready = self._mark_ready
+            self.coordinator.direct = settings.fast_path and not settings.autotune
         self._cycle_s = settings.cycle_time_ms / 1000.0
         # rank 0 tunes the fusion threshold and cycle time when asked (HOROVOD_AUTOTUNE)
         self._tuner: Autotuner | None = None
@@ -128,7 +137,9 @@ class Engine:
         self._last_stall_warn = 0.0
         # counters for tests and debugging: requests sent in full or as cache bits, responses
         # executed, tensors that travelled inside a fused response
-        self.stats = {"requests_full": 0, "requests_cached": 0, "responses": 0, "fused": 0}
+        self.stats = {"requests_full": 0, "requests_cached": 0, "responses": 0, "fused": 0,
+                      "direct_rounds": 0, "direct_exits": 0}
+        self._poller: Any = None  # the loop's poll object (a round stops watching a peer too)
         self._last_stall_check = 0.0
         self._thread = threading.Thread(target=self._main, name="hora-engine", daemon=True)
         self._hang = HangReport(self._thread, self._send_ctrl) if rank == 0 else None
@@ -272,7 +283,7 @@ class Engine:
 
     def _loop(self) -> None:
         # a bare poll (no selectors layer): the loop runs once or twice per op
-        poller = select.poll()
+        poller = self._poller = select.poll()
         wake = self._wake_r.fileno()
         poller.register(wake, select.POLLIN)
         peers = {}
@@ -282,7 +293,11 @@ class Engine:
         deadline = 0.0
         while True:
             busy = self._closing or any(ms.table for ms in self.members.values())
-            for fd, ev in poller.poll(max(self._cycle_s * 1e3, 0.0) if busy else 250.0):
+            if busy and any(ms.table and ms.direct.active for ms in self.members.values()):
+                timeout = 0.0  # a member in direct mode with work left goes on with a round
+            else:
+                timeout = max(self._cycle_s * 1e3, 0.0) if busy else 250.0
+            for fd, ev in poller.poll(timeout):
                 if ev & select.POLLNVAL:  # closed under the loop (a shutdown that timed out)
                     poller.unregister(fd)
                 elif fd == wake:
@@ -295,6 +310,9 @@ class Engine:
             if self.timeline is not None and self.settings.timeline_mark_cycles:
                 self.timeline.mark_cycle()
             self._drain_queue()
+            for ms in list(self.members.values()):
+                if ms.direct.active and ms.table and not (self._closing or self._stop_requested):
+                    self._round(ms)
             if self.coordinator is not None:
                 self._coordinate()
             self._execute_inbox()
@@ -365,6 +383,9 @@ class Engine:
         tl = self.timeline
         for ps_id, entries in batch:
             ms = self.members[ps_id]
+            if ms.direct.active:
+                self._hold(ms, entries)
+                continue
             full, hits = by_set.setdefault(ps_id, ([], []))
             table, hit, srank = ms.table, ms.cache.hit, ms.comm.rank
             for e in entries:
@@ -385,14 +406,17 @@ class Engine:
                 else:
                     hits.append(cid)
         for ps_id, (full, hits) in by_set.items():
-            self.stats["requests_full"] += len(full)
-            self.stats["requests_cached"] += len(hits)
-            epoch = self.members[ps_id].epoch
-            if self.coordinator is not None:  # rank 0: no message to itself
-                self.coordinator.on_requests(0, ps_id, epoch, sorted(hits), full)
-            else:
-                msg = {"t": "req", "ps": ps_id, "ep": epoch, "r": full, "h": bits_encode(hits)}
-                self._ctrl[0].send_msg(encode(msg))
+            self._send_requests(ps_id, full, hits)
+
+    def _send_requests(self, ps_id: int, full: list[Any], hits: list[int]) -> None:
+        self.stats["requests_full"] += len(full)
+        self.stats["requests_cached"] += len(hits)
+        epoch = self.members[ps_id].epoch
+        if self.coordinator is not None:  # rank 0: no message to itself
+            self.coordinator.on_requests(0, ps_id, epoch, sorted(hits), full)
+        else:
+            msg = {"t": "req", "ps": ps_id, "ep": epoch, "r": full, "h": bits_encode(hits)}
+            self._ctrl[0].send_msg(encode(msg))
 
     def _execute_inbox(self) -> None:
         while self._inbox:
@@ -402,15 +426,18 @@ class Engine:
                 continue  # a set this rank is not in (cannot happen: sent to members only)
             responses = decode_responses(wire, ms.cache)
             ms.epoch += 1
-            tl = self.timeline
-            if tl is not None:  # negotiation is over; each tensor now waits its turn
-                for resp in responses:
-                    for s in resp.specs:
-                        tl.negotiate_end(s.request.name)
-                        tl.start(s.request.name, resp.op.name)
-                        tl.activity_start(s.request.name, "QUEUE")
+            self._run(ms, responses)
+
+    def _run(self, ms: MemberState, responses: list[Response]) -> None:
+        tl = self.timeline
+        if tl is not None:  # negotiation is over; each tensor now waits its turn
             for resp in responses:
-                self._perform(ms, resp)
+                for s in resp.specs:
+                    tl.negotiate_end(s.request.name)
+                    tl.start(s.request.name, resp.op.name)
+                    tl.activity_start(s.request.name, "QUEUE")
+        for resp in responses:
+            self._perform(ms, resp)
 
     def _perform(self, ms: MemberState, resp: Response) -> None:
         op = resp.op
@@ -442,6 +469,8 @@ class Engine:
                 if e is not None:
                     del ms.table[k]
                     e.complete(r)
+        elif op == OpType.DIRECT:
+            self._enter_direct(ms, resp.threshold)
         elif op == OpType.BARRIER:
             ms.table.pop("barrier").complete(None)
         elif op == OpType.JOIN:
@@ -475,6 +504,168 @@ class Engine:
             fused = sum(s.request.nbytes for s in resp.specs) if len(resp.specs) > 1 else 0
             for s in resp.specs:
                 tl.end(s.request.name, s.request.dtype, s.request.shape, fused)
+
+    # -- direct mode (hora.core.fastpath) ---------------------------------------------------
+    def _hold(self, ms: MemberState, entries: list[TensorEntry]) -> None:
+        """Direct mode's drain: entries wait in the table for the next round."""
+        table, hit, srank, ready = ms.table, ms.cache.hit, ms.comm.rank, ms.ready
+        tl = self.timeline
+        for e in entries:
+            req = e.spec_request
+            if req.op in CACHEABLE:
+                table[req.match] = e
+                cid = hit(req, srank)
+                if cid is None:
+                    ms.other = True
+                else:
+                    ready[req.match] = cid
+            else:
+                if req.op == OpType.JOIN:
+                    ms.joined = True
+                table[_table_key(req)] = e
+                ms.other = True
+            if tl is not None:
+                tl.negotiate_start(req.name, req.op.name)
+
+    def _enter_direct(self, ms: MemberState, threshold: int) -> None:
+        ms.direct.enter(threshold)
+        ms.sent = set(ms.table)  # asked of the coordinator before: a round cannot settle them
+        ms.other = bool(ms.sent)
+        ms.ready = {}
+
+    def _leave_direct(self, ms: MemberState) -> None:
+        """Every member ends direct mode at the same round: what waits goes to the
+        coordinator, which orders it, validates it and reports stalls."""
+        ms.direct.leave()
+        self.stats["direct_exits"] += 1
+        full: list[Any] = []
+        hits: list[int] = []
+        hit, srank = ms.cache.hit, ms.comm.rank
+        for key, e in ms.table.items():
+            if key in ms.sent:
+                continue
+            req = e.spec_request
+            cid = hit(req, srank) if req.op in CACHEABLE else None
+            if cid is None:
+                full.append(req.to_wire())
+            else:
+                hits.append(cid)
+        ms.sent, ms.ready, ms.other = set(), {}, False
+        if full or hits:
+            self._send_requests(ms.comm.process_set_id, full, hits)
+
+    def _round(self, ms: MemberState) -> None:
+        """One round: headers to and from every other member, then what all have ready."""
+        self.stats["direct_rounds"] += 1
+        ids = list(ms.ready.values())
+        flags = OTHER if ms.other else 0
+        headers = self._exchange(ms, encode_header(ids, flags), (flags, ids))
+        if headers is None:  # this rank is shutting down: the loop goes on to do so
+            return
+        chosen = ms.direct.decide(headers)
+        plan = None if chosen is None else ms.direct.plan(chosen, ms.cache)
+        if plan is None:
+            self._leave_direct(ms)
+            return
+        mirror = None
+        if self.coordinator is not None:
+            mirror = self.coordinator.sets[ms.comm.process_set_id].mirror
+        ready, touch = ms.ready, ms.cache.touch
+        for resp in plan:  # what decoding the ids of a response list does to the caches
+            for spec in resp.specs:
+                cid = ready.pop(spec.request.match)
+                touch(cid)
+                if mirror is not None:
+                    mirror.touch(cid)
+        self._run(ms, plan)
+
+    def _exchange(
+        self, ms: MemberState, mine: bytes, own: tuple[int, list[int]]
+    ) -> list[tuple[int, list[int]]] | None:
+        """Send this member's header to the others and wait for theirs, serving control
+        messages and wake-ups meanwhile; None if this rank began to shut down."""
+        comm = ms.comm
+        headers: list[Any] = [None] * comm.size
+        headers[comm.rank] = own
+        waiting: dict[int, tuple[int, Pair]] = {}
+        for p in range(comm.size):
+            if p != comm.rank:
+                pair = comm.pair(p)
+                try:
+                    pair.send_msg(mine)
+                except TransportError as e:
+                    raise self._peer_gone(comm.ranks[p]) from e
+                waiting[pair.fileno()] = (p, pair)
+        if not waiting:
+            return headers
+        poller = select.poll()
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        wake = self._wake_r.fileno()
+        poller.register(wake, select.POLLIN)
+        ctrl = {}
+        for peer, pair in self._ctrl.items():
+            if peer not in self._gone:
+                ctrl[pair.fileno()] = peer
+                poller.register(pair.fileno(), select.POLLIN)
+        since = time.monotonic()
+        warned: float | None = None
+        while waiting:
+            for fd, _ in poller.poll(500.0):
+                if fd in waiting:
+                    p, pair = waiting.pop(fd)
+                    poller.unregister(fd)
+                    try:
+                        payload = pair.recv_msg()
+                    except TransportError as e:
+                        raise self._peer_gone(comm.ranks[p]) from e
+                    headers[p] = decode_header(payload, comm.ranks[p])
+                elif fd == wake:
+                    with contextlib.suppress(BlockingIOError):
+                        self._wake_r.recv(4096)
+                elif fd in ctrl:
+                    self._read_control(ctrl[fd], partial(self._forget, poller, fd))
+            if waiting and (self._closing or self._stop_requested):
+                return None
+            if waiting:
+                warned = self._direct_stall(ms, [comm.ranks[p] for p, _ in waiting.values()],
+                                            since, warned)
+        return headers
+
+    def _forget(self, poller: Any, fd: int) -> None:
+        poller.unregister(fd)
+        if self._poller is not None:
+            with contextlib.suppress(KeyError):
+                self._poller.unregister(fd)
+
+    def _peer_gone(self, peer: int) -> _PeerGone:
+        return _PeerGone(
+            f"rank {peer} exited or was killed (its connection to rank {self.rank} closed)", peer
+        )
+
+    def _direct_stall(
+        self, ms: MemberState, missing: list[int], since: float, warned: float | None
+    ) -> float | None:
+        """The stall inspector of a round (this rank knows whom it waits for): warns every
+        HOROVOD_STALL_CHECK_TIME_SECONDS, ends the job past the shutdown time. Returns when it
+        last warned."""
+        s = self.settings
+        now = time.monotonic()
+        if s.stall_check_disable or now - since < s.stall_check_time_seconds:
+            return warned
+        names = [e.spec_request.name for e in ms.table.values()]
+        shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+        lines = "\n".join(f"{r}: [{shown}]" for r in missing)
+        text = STALL_MESSAGE.format(secs=s.stall_check_time_seconds, lines=lines)
+        if 0 < s.stall_shutdown_time_seconds <= now - since:
+            raise HoraInternalError(
+                text + f"\nStalled for more than {s.stall_shutdown_time_seconds:.0f} seconds: "
+                "shutting down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)."
+            )
+        if warned is None or now - warned >= s.stall_check_time_seconds:
+            log.warning(text)
+            return now
+        return warned
 
     def _register_member(self, ps_id: int, ranks: list[int]) -> None:
         if self.rank in ranks:

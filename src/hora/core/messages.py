@@ -35,6 +35,7 @@ class OpType(IntEnum):
     ADD_PROCESS_SET = 8
     REMOVE_PROCESS_SET = 9
     ERROR = 10
+    DIRECT = 11  # the coordinator's word that members agree on cached work themselves
 
 
 # The responses that are worth caching: the ones training repeats every step.
@@ -191,6 +192,7 @@ class Response:
     error: str = ""
     last_joined: int = -1
     process_set_id: int = 0  # for ADD_PROCESS_SET: the id assigned
+    threshold: int = 0  # for DIRECT: the fusion threshold members fuse with
 
     @property
     def names(self) -> list[str]:

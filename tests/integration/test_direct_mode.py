@@ -1,0 +1,216 @@
+"""Direct mode end to end (hora.core.fastpath): real ranks over real connections.
+
+The steady state runs without the coordinator (its request counters stand still while the
+rounds count up), and everything a round cannot settle goes back to it: a new tensor, a
+changed shape (reported naming both sides), tensors submitted in different orders, join,
+barrier, a rank that never submits (the stall inspector), a rank that shuts down or dies
+while the others wait in a round. Every test has a hard timeout.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import run_ranks, spawn_ranks
+
+
+def _stats() -> dict[str, int]:
+    from hora.core import runtime
+
+    return dict(runtime.runtime().engine.stats)
+
+
+def _steady(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    size = hvd.size()
+    x = np.arange(64, dtype=np.float32) + rank
+    for _ in range(3):  # negotiated in full once, then as cache hits, then direct
+        hvd.allreduce(x, op=hvd.Sum, name="x")
+    before = _stats()
+    sums = []
+    for i in range(50):
+        got = hvd.allreduce(x * (i + 1), op=hvd.Sum, name="x")
+        sums.append(float(got[1]))
+        g = hvd.grouped_allreduce([x, x[:8] + i], op=hvd.Average, name="g")
+        assert np.allclose(g[1], np.arange(8) + (size - 1) / 2 + i)
+    after = _stats()
+    hvd.shutdown()
+    expect = [float(sum(1 + r for r in range(size)) * (i + 1)) for i in range(50)]
+    return {
+        "sums_ok": sums == expect,
+        "requests": (after["requests_full"] + after["requests_cached"])
+        - (before["requests_full"] + before["requests_cached"]),
+        "rounds": after["direct_rounds"] - before["direct_rounds"],
+        "exits": after["direct_exits"] - before["direct_exits"],
+    }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_steady_state_skips_the_coordinator(np_: int) -> None:
+    for out in run_ranks(_steady, np_, timeout=90):
+        assert out["sums_ok"], out
+        # the grouped op was new in the loop's first step, so that step asked rank 0; from
+        # then on nothing did
+        assert out["requests"] <= 4, out
+        assert out["rounds"] >= 95, out
+        assert out["exits"] <= 1, out
+
+
+def _off(rank: int) -> dict[str, int]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    for _ in range(20):
+        hvd.allreduce(np.ones(4), name="x")
+    out = _stats()
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_fast_path_can_be_turned_off() -> None:
+    for out in run_ranks(_off, 2, timeout=60, env={"HORA_FAST_PATH": "0"}):
+        assert out["direct_rounds"] == 0 and out["requests_cached"] >= 18, out
+
+
+def _mixed(rank: int) -> dict[str, object]:
+    import threading
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    out: dict[str, object] = {}
+    a = np.full(4, rank + 1.0)
+    for _ in range(3):
+        hvd.allreduce(a, op=hvd.Sum, name="a")
+        hvd.allreduce(a, op=hvd.Sum, name="b")
+    # different submission orders on the two ranks, both asynchronous
+    names = ["a", "b"] if rank == 0 else ["b", "a"]
+    handles = {n: hvd.allreduce_async(a * (2 if n == "b" else 1), op=hvd.Sum, name=n)
+               for n in names}
+    out["order"] = [float(hvd.synchronize(handles[n])[0]) for n in ("a", "b")]
+    # a new tensor, a broadcast, a barrier and an allgather in the middle of the steady state
+    out["new"] = float(hvd.allreduce(a, op=hvd.Sum, name="new")[0])
+    out["bcast"] = float(hvd.broadcast(a, root_rank=1, name="bc")[0])
+    hvd.barrier()
+    out["gather"] = hvd.allgather(np.full(rank + 1, rank), name="ag").tolist()
+    for _ in range(3):
+        hvd.allreduce(a, op=hvd.Sum, name="a")
+    # a changed shape under a cached name: every rank gets the coordinator's report
+    try:
+        hvd.allreduce(np.ones(4 + rank), name="a")
+        out["mismatch"] = "completed?!"
+    except hvd.HorovodInternalError as e:
+        out["mismatch"] = str(e)
+    out["after"] = float(hvd.allreduce(a, op=hvd.Sum, name="a")[0])
+    # join: rank 1 keeps reducing, rank 0 joins first
+    if rank == 0:
+        out["join"] = hvd.join()
+    else:
+        for _ in range(3):
+            hvd.allreduce(a, op=hvd.Sum, name="a")
+        out["join"] = hvd.join()
+    out["final"] = float(hvd.allreduce(a, op=hvd.Sum, name="a")[0])
+    done = threading.Event()
+    done.set()
+    out["stats"] = _stats()
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_everything_a_round_cannot_settle_goes_to_the_coordinator() -> None:
+    for out in run_ranks(_mixed, 2, timeout=90):
+        assert out["order"] == [3.0, 6.0], out
+        assert out["new"] == 3.0 and out["bcast"] == 2.0, out
+        assert out["gather"] == [0, 1, 1], out
+        assert "Mismatched ALLREDUCE tensor shapes" in str(out["mismatch"]), out
+        assert "[4]" in str(out["mismatch"]) and "[5]" in str(out["mismatch"]), out
+        assert out["after"] == 3.0 and out["final"] == 3.0, out
+        assert out["join"] == 1, out
+        stats = out["stats"]
+        assert isinstance(stats, dict) and stats["direct_exits"] >= 2, out
+
+
+def _stall(rank: int) -> str:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    for _ in range(3):
+        hvd.allreduce(np.ones(2), name="x")
+    try:
+        if rank == 0:  # rank 1 never asks again: rank 0 waits in a round
+            hvd.allreduce(np.ones(2), name="x")
+            return "completed?!"
+        import time
+
+        time.sleep(30)
+        return "slept"
+    except hvd.HorovodInternalError as e:
+        return str(e)
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.timeout(90)
+def test_a_round_that_waits_too_long_warns_then_shuts_down() -> None:
+    env = {"HORA_STALL_CHECK_TIME_SECONDS": "1", "HORA_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+    results = spawn_ranks(_stall, 2, timeout=60, env=env)
+    r0 = results[0]
+    assert r0.ok, r0.stderr
+    assert "Missing ranks" in r0.value and "1: [allreduce.x]" in r0.value, r0.value
+    assert "STALL_SHUTDOWN" in r0.value, r0.value
+    assert "waiting for remainder of ranks" in r0.stderr  # the warning came first
+    # rank 1 was asleep, not in an op: it learns of the shutdown as it leaves
+    assert results[1].status in ("ok", "error"), results[1].stderr
+
+
+def _leave_or_die(rank: int, how: str) -> dict[str, object]:
+    import os
+    import signal
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    for _ in range(3):
+        hvd.allreduce(np.ones(2), name="x")
+    if rank == 1:
+        time.sleep(0.5)  # rank 0 now waits in a round
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.shutdown()
+        return {"left": True}
+    t0 = time.monotonic()
+    try:
+        hvd.allreduce(np.ones(2), name="x")
+        err = "completed?!"
+    except hvd.HorovodInternalError as e:
+        err = str(e)
+    return {"error": err, "seconds": time.monotonic() - t0}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["shutdown", "kill"])
+def test_a_peer_that_leaves_during_a_round_fails_the_others_quickly(how: str) -> None:
+    results = spawn_ranks(_leave_or_die, 2, (how,), timeout=60)
+    r0 = results[0]
+    assert r0.ok, r0.stderr
+    assert "has been shut down" in str(r0.value["error"]), r0.value
+    assert "rank 1" in str(r0.value["error"]), r0.value
+    assert float(r0.value["seconds"]) < 10, r0.value  # type: ignore[arg-type]
+    if how == "kill":
+        assert results[1].status == "died" and results[1].returncode == -9

@@ -1,0 +1,143 @@
+"""Direct mode's pure parts: headers, the round's decision, plans, and when the coordinator
+lets members go on without it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from hora.core.controller import Coordinator, decode_responses
+from hora.core.fastpath import OTHER, DirectMode, decode_header, encode_header
+from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
+from hora.core.response_cache import ResponseCache
+
+
+def _ar(name: str, n: int = 4, **kw: Any) -> Request:
+    return Request(OpType.ALLREDUCE, f"allreduce.{name}", "float32", (n,), **kw)
+
+
+def _cache(*reqs: Request) -> ResponseCache:
+    c = ResponseCache(64)
+    for r in reqs:
+        c.apply(TensorSpec(r))
+    return c
+
+
+# -- headers ---------------------------------------------------------------------------------
+def test_header_round_trip() -> None:
+    assert decode_header(encode_header([3, 0, 70000]), 1) == (0, [3, 0, 70000])
+    assert decode_header(encode_header([], OTHER), 1) == (OTHER, [])
+
+
+def test_malformed_header_names_the_peer() -> None:
+    with pytest.raises(ValueError, match="rank 5"):
+        decode_header(b"\x00", 5)
+    with pytest.raises(ValueError, match="rank 2: 3 ids in 8 bytes"):
+        decode_header(encode_header([1, 2, 3])[:-4], 2)
+
+
+# -- the round's decision --------------------------------------------------------------------
+def test_decide_runs_what_every_member_has_in_the_lowest_members_order() -> None:
+    d = DirectMode()
+    assert d.decide([(0, [4, 1]), (0, [4, 1])]) == [4, 1]
+    assert d.decide([(0, [4, 1, 7]), (0, [7, 4])]) == [4, 7]
+    assert d.decide([(0, [1, 2]), (0, [2, 3]), (0, [2, 1])]) == [2]
+
+
+def test_decide_ends_direct_mode_on_other_or_nothing_in_common() -> None:
+    d = DirectMode()
+    assert d.decide([(0, [1]), (OTHER, [1])]) is None
+    assert d.decide([(0, [1]), (0, [2])]) is None
+    assert d.decide([(0, []), (0, [])]) is None
+
+
+# -- plans -----------------------------------------------------------------------------------
+def test_plan_fuses_like_the_coordinator_and_is_kept() -> None:
+    a, b, c = _ar("a", 4), _ar("b", 4), _ar("c", 4)
+    cache = _cache(a, b, c)
+    d = DirectMode()
+    d.enter(32)  # two float32[4] fit, the third does not
+    plan = d.plan([0, 1, 2], cache)
+    assert plan is not None
+    assert [r.names for r in plan] == [["allreduce.a", "allreduce.b"], ["allreduce.c"]]
+    assert d.plan([0, 1, 2], cache) is plan  # worked out once per id list
+    d.enter(0)  # no fusion, and a new direct mode forgets old plans
+    again = d.plan([0, 1, 2], cache)
+    assert again is not plan and again is not None
+    assert [r.names for r in again] == [["allreduce.a"], ["allreduce.b"], ["allreduce.c"]]
+
+
+def test_plan_puts_higher_priority_first_and_waits_for_whole_groups() -> None:
+    low, high = _ar("low"), _ar("high", priority=5)
+    g1, g2 = _ar("g1", group="g", group_size=2), _ar("g2", group="g", group_size=2)
+    cache = _cache(low, high, g1, g2)
+    d = DirectMode()
+    d.enter(0)
+    plan = d.plan([0, 1], cache)
+    assert plan is not None and [r.names for r in plan] == [["allreduce.high"], ["allreduce.low"]]
+    assert d.plan([2], cache) is None  # half a group runs nothing
+    plan = d.plan([0, 2], cache)
+    assert plan is not None and [r.names for r in plan] == [["allreduce.low"]]
+    plan = d.plan([2, 3], cache)
+    assert plan is not None and [r.names for r in plan] == [["allreduce.g1"], ["allreduce.g2"]]
+
+
+def test_plan_of_an_unknown_id_is_none() -> None:
+    d = DirectMode()
+    d.enter(0)
+    assert d.plan([9], _cache(_ar("a"))) is None
+
+
+# -- the coordinator's word ------------------------------------------------------------------
+def _coord(size: int = 2, sets: int = 1) -> Coordinator:
+    c = Coordinator(1 << 20, 16)
+    c.add_set(0, list(range(size)))
+    for i in range(1, sets):
+        c.add_set(i, list(range(size)))
+    c.direct = True
+    return c
+
+
+def _step(c: Coordinator, *reqs: Request, hits: list[int] | None = None) -> list[Any]:
+    for rank in range(c.sets[0].size):
+        c.on_message(rank, {"ps": 0, "ep": 0, "r": [r.to_wire() for r in reqs],
+                            "h": bits_encode(hits or [])})
+    out = c.take_responses()
+    assert len(out) == 1
+    st, responses = out[0]
+    return c.encode(st, responses)
+
+
+def test_direct_follows_a_list_of_tensors_every_member_has_cached() -> None:
+    c = _coord()
+    first = _step(c, _ar("a"))
+    assert [OpType(r[0]) for r in first] == [OpType.ALLREDUCE]  # new: sent in full
+    second = _step(c, hits=[0])
+    assert [OpType(r[0]) for r in second] == [OpType.ALLREDUCE, OpType.DIRECT]
+    # the binary form carries it, and members read the fusion threshold from it
+    msg = decode(encode({"t": "resp", "ps": 0, "l": second}))
+    cache = _cache(_ar("a"))
+    responses = decode_responses(msg["l"], cache)
+    assert responses[-1].op == OpType.DIRECT and responses[-1].threshold == 1 << 20
+
+
+def test_no_direct_while_anything_else_waits_or_with_several_sets() -> None:
+    c = _coord(3)
+    _step(c, _ar("a"))
+    for rank in range(3):  # every rank hits a; ranks 0 and 1 also asked for b
+        reqs = [_ar("b").to_wire()] if rank < 2 else []
+        c.on_message(rank, {"ps": 0, "ep": 0, "r": reqs, "h": bits_encode([0])})
+    [(st, responses)] = c.take_responses(time.monotonic())
+    assert [r.op for r in responses] == [OpType.ALLREDUCE]  # b still waits for rank 2
+    c = _coord(2, sets=2)
+    _step(c, _ar("a"))
+    assert [OpType(r[0]) for r in _step(c, hits=[0])] == [OpType.ALLREDUCE]
+
+
+def test_no_direct_when_turned_off() -> None:
+    c = _coord()
+    c.direct = False
+    _step(c, _ar("a"))
+    assert [OpType(r[0]) for r in _step(c, hits=[0])] == [OpType.ALLREDUCE]
