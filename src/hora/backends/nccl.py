@@ -1,31 +1,72 @@
 """The NCCL backend: the engine's collectives through torch.distributed's NCCL process groups.
 
-Chosen with ``HOROVOD_GPU_OPERATIONS=nccl`` (or ``HOROVOD_GPU_ALLREDUCE=NCCL``) when no CPU
-backend is named. The engine hands every backend host (NumPy) buffers: ``hora.torch`` stages
-CUDA tensors through host memory before they reach it. This backend therefore copies each
-buffer to this rank's GPU (``cuda:<local rank>``), runs the NCCL collective there, and copies
-the result back, on one CUDA stream per process. Everything else (process groups per process
-set through hora's store, dtype and op mapping, int16/uint16 and Adasum through hora's own
-algorithms) is the Gloo backend's; see ``gloo.py``.
+Chosen with ``HOROVOD_GPU_OPERATIONS=nccl`` (or a per-op ``HOROVOD_GPU_ALLREDUCE=NCCL``, ...)
+when no CPU backend is named. Every collective takes either kind of buffer:
 
+- a torch CUDA tensor on this rank's GPU (``cuda:<local rank>``), used where it lies: no host
+  round trip;
+- a host (NumPy) buffer, as the engine hands every backend today: copied to the GPU, reduced
+  there and copied back.
+
+The work runs on a dedicated CUDA stream of this backend. Before a collective that stream waits
+on an event recorded on the calling thread's current stream (so tensors produced there are
+complete); NCCL's own stream is ordered after hora's by the process group, and ``wait()`` on its
+work orders hora's stream after NCCL's without blocking the host. Afterwards a "done" event is
+recorded on hora's stream and the caller's current stream waits on it; device tensors are marked
+as used on hora's stream for PyTorch's caching allocator. Only the host path waits on the host,
+for its own copy back. int16/uint16 reductions (NCCL has no such type) and Adasum run hora's
+own algorithms on host memory (device tensors are copied for them). Process groups per process
+set through hora's store, dtype and op mapping are the Gloo backend's; see ``gloo.py``.
+
+Importing this module needs torch but no GPU; building the backend needs one.
 Threads: as the Gloo backend (engine thread only after ``init``). Not thread-safe.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from hora.backends.gloo import GlooBackend
+from hora.backends.base import SetComm
+from hora.backends.gloo import _BOOL_OPS, _OPS, GlooBackend
 from hora.backends.registry import BackendContext
+from hora.collectives import registry
 
 NEEDS_GPU = (
     "the NCCL backend needs an NVIDIA GPU and a CUDA build of PyTorch with NCCL ({}); "
-    "unset HOROVOD_GPU_OPERATIONS/HOROVOD_GPU_ALLREDUCE to use the CPU backends"
+    "unset HOROVOD_GPU_OPERATIONS and HOROVOD_GPU_<OP> to use the CPU backends"
 )
+# what NCCL reduces (bool as uint8 with MAX/MIN); int16 and uint16 it cannot
+_NCCL_REDUCES = frozenset(
+    {"uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool"}
+)
+
+Buffer = Any  # np.ndarray or a torch CUDA tensor: 1-D, contiguous, in storage dtype
+
+
+def numel(buf: Buffer) -> int:
+    """Elements in a host array or a tensor."""
+    return int(buf.numel()) if isinstance(buf, torch.Tensor) else int(buf.size)
+
+
+def itemsize(buf: Buffer) -> int:
+    """Bytes per element of a host array or a tensor."""
+    return int(buf.element_size()) if isinstance(buf, torch.Tensor) else int(buf.itemsize)
+
+
+def as_type(t: torch.Tensor, dtype: str | None) -> torch.Tensor:
+    """``t`` (1-D, contiguous) viewed as what NCCL works on: ``dtype``'s torch type, bool as
+    uint8, bfloat16 storage as bfloat16; raw bytes for ``dtype=None``."""
+    if dtype is None or dtype == "bool":
+        return t.view(torch.uint8)
+    if dtype == "bfloat16" and t.dtype != torch.bfloat16:
+        return t.view(torch.bfloat16)
+    return t
 
 
 class NcclBackend(GlooBackend):
@@ -39,20 +80,171 @@ class NcclBackend(GlooBackend):
         super().__init__(ctx)
         self._device = torch.device("cuda", ctx.identity.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(self._device)
+        self._stream = torch.cuda.Stream(device=self._device)
+        self.last_done: Any = None  # the "done" event of the latest collective
 
     def _make_group(self, store: Any, rank: int, size: int) -> Any:
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = self._timeout
         return dist.ProcessGroupNCCL(store, rank, size, opts)
 
-    def _tensor(self, buf: np.ndarray, dtype: str) -> torch.Tensor:
-        return super()._tensor(buf, dtype).to(self._device)
+    # -- streams and buffers ---------------------------------------------------------------
+    @contextmanager
+    def _on_stream(self, *device_bufs: Buffer) -> Iterator[None]:
+        """Run the body on hora's stream, after the caller's stream's work so far; then make
+        the caller's stream wait for it (no host wait)."""
+        caller = torch.cuda.current_stream(self._device)
+        start = torch.cuda.Event()
+        start.record(caller)
+        self._stream.wait_event(start)
+        with torch.cuda.stream(self._stream):
+            yield
+        done = torch.cuda.Event()
+        done.record(self._stream)
+        caller.wait_event(done)
+        for b in device_bufs:
+            if isinstance(b, torch.Tensor) and b.is_cuda:  # the allocator must know
+                b.record_stream(self._stream)
+        self.last_done = done
 
-    def _bytes(self, buf: np.ndarray) -> torch.Tensor:
-        return super()._bytes(buf).to(self._device)
+    def _device_view(self, buf: Buffer, dtype: str | None) -> torch.Tensor:
+        """``buf`` on this GPU typed for NCCL: a view of a CUDA tensor, else a copy of host
+        memory (on the current stream, hora's)."""
+        if isinstance(buf, torch.Tensor):
+            if buf.device != self._device:
+                raise ValueError(
+                    f"the NCCL backend of this rank works on {self._device}, got a tensor on "
+                    f"{buf.device}: call torch.cuda.set_device(hvd.local_rank()) before "
+                    "creating tensors"
+                )
+            return as_type(buf.reshape(-1), dtype)
+        arr = buf if buf.flags.writeable else buf.copy()  # torch wants writable memory
+        return as_type(torch.from_numpy(arr.reshape(-1)).to(self._device), dtype)
 
-    def _done(self, t: torch.Tensor, buf: np.ndarray) -> None:
-        host = t.cpu()
-        if host.dtype == torch.bfloat16:
-            host = host.view(torch.int16)
-        np.copyto(buf.view(host.numpy().dtype), host.numpy())
+    def _result(self, t: torch.Tensor, buf: Buffer) -> None:
+        """Make ``buf`` hold the collective's result ``t`` (nothing to do when ``t`` is
+        ``buf`` itself; a copy to host memory waits for hora's stream only)."""
+        if isinstance(buf, torch.Tensor):
+            dst = buf.reshape(-1).view(torch.uint8)
+            src = t.reshape(-1).view(torch.uint8)
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+            return
+        torch.from_numpy(buf.reshape(-1).view(np.uint8)).copy_(t.reshape(-1).view(torch.uint8))
+
+    def _host_fallback(self, buf: Buffer) -> np.ndarray:
+        """A host array for hora's own algorithms: ``buf`` itself, or a copy of a tensor
+        (bfloat16 as its uint16 storage)."""
+        if isinstance(buf, torch.Tensor):
+            if buf.dtype == torch.bfloat16:
+                return buf.detach().view(torch.int16).cpu().numpy().view(np.uint16)
+            return buf.detach().cpu().numpy()
+        return buf  # type: ignore[no-any-return]
+
+    def _host_back(self, host: np.ndarray, buf: Buffer) -> None:
+        """Copy what hora's algorithm left in ``host`` back into a device tensor ``buf``."""
+        if isinstance(buf, torch.Tensor):
+            buf.reshape(-1).view(torch.uint8).copy_(
+                torch.from_numpy(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
+            )
+
+    def scale(self, buf: Buffer, factor: float) -> None:
+        """Multiply ``buf`` by ``factor`` where it lies: on the GPU for a device tensor, on
+        hora's stream (a prescale or Average's postscale), else in host memory."""
+        if factor == 1.0:
+            return
+        if isinstance(buf, torch.Tensor):
+            with self._on_stream(buf):
+                buf.mul_(factor)
+        else:
+            np.multiply(buf, factor, out=buf, casting="unsafe")
+
+    # -- collectives -----------------------------------------------------------------------
+    def allreduce(self, comm: SetComm, buf: Buffer, dtype: str, op: int) -> None:
+        if dtype not in _NCCL_REDUCES:  # int16, uint16
+            host = self._host_fallback(buf)
+            registry.allreduce(comm, host, dtype, op)
+            self._host_back(host, buf)
+            return
+        if numel(buf) == 0:
+            return
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = (_BOOL_OPS if dtype == "bool" else _OPS)[op]
+        with self._on_stream(buf):
+            t = self._device_view(buf, dtype)
+            self._group(comm).allreduce([t], opts).wait()
+            self._result(t, buf)
+
+    def reducescatterv(self, comm: SetComm, send: Buffer, recv: Buffer,
+                       counts: list[int], dtype: str, op: int) -> None:  # fmt: skip
+        if dtype not in _NCCL_REDUCES:
+            host_recv = self._host_fallback(recv)
+            registry.reducescatterv_ring(comm, self._host_fallback(send), host_recv, counts,
+                                         dtype, op)  # fmt: skip
+            self._host_back(host_recv, recv)
+            return
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = (_BOOL_OPS if dtype == "bool" else _OPS)[op]
+        with self._on_stream(send, recv):
+            src = self._device_view(send, dtype)
+            pieces, off = [], 0
+            for c in counts:
+                pieces.append(src[off : off + c])
+                off += c
+            out = self._device_view(recv, dtype)
+            self._group(comm).reduce_scatter([out], [pieces], opts).wait()
+            self._result(out, recv)
+
+    def allgatherv(self, comm: SetComm, send: Buffer, recv: Buffer,
+                   counts: list[int]) -> None:  # fmt: skip
+        width = max(counts)
+        if width == 0:
+            return
+        with self._on_stream(send, recv):
+            src = self._device_view(send, None)
+            out = self._device_view(recv, None)
+            k = itemsize(send)
+            if all(c == width for c in counts):
+                self._group(comm)._allgather_base(out, src).wait()
+            else:  # NCCL gathers equal pieces: pad each to the widest, then close the gaps
+                padded = torch.zeros(width * k, dtype=torch.uint8, device=self._device)
+                padded[: src.numel()] = src
+                every = torch.empty(width * k * len(counts), dtype=torch.uint8,
+                                    device=self._device)  # fmt: skip
+                self._group(comm)._allgather_base(every, padded).wait()
+                off = 0
+                for r, c in enumerate(counts):
+                    out[off : off + c * k] = every[r * width * k : (r * width + c) * k]
+                    off += c * k
+            self._result(out, recv)
+
+    def broadcast(self, comm: SetComm, buf: Buffer, root: int) -> None:
+        if numel(buf) == 0:
+            return
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = root, 0
+        with self._on_stream(buf):
+            t = self._device_view(buf, None)
+            self._group(comm).broadcast([t], opts).wait()
+            self._result(t, buf)
+
+    def alltoallv(self, comm: SetComm, send: Buffer, send_counts: list[int],
+                  recv: Buffer, recv_counts: list[int]) -> None:  # fmt: skip
+        k = itemsize(send)
+        with self._on_stream(send, recv):
+            out = self._device_view(recv, None)
+            self._group(comm).alltoall_base(
+                out, self._device_view(send, None), [c * k for c in recv_counts],
+                [c * k for c in send_counts], dist.AllToAllOptions(),
+            ).wait()  # fmt: skip
+            self._result(out, recv)
+
+    def adasum(self, comm: SetComm, buf: Buffer, dtype: str,
+               segments: list[tuple[int, int]]) -> None:  # fmt: skip
+        host = self._host_fallback(buf)
+        registry.adasum(comm, host, dtype, segments)  # hora's algorithm over hora's transport
+        self._host_back(host, buf)
+
+    def barrier(self, comm: SetComm) -> None:
+        with self._on_stream():
+            self._group(comm).barrier().wait()
