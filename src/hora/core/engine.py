@@ -140,6 +140,13 @@ class Engine:
         self.stats = {"requests_full": 0, "requests_cached": 0, "responses": 0, "fused": 0,
                       "direct_rounds": 0, "direct_exits": 0}
         self._poller: Any = None  # the loop's poll object (a round stops watching a peer too)
+        # The turn: held by whichever thread does the engine's work, the engine thread or a
+        # caller running its own op in direct mode (enqueue(inline=True)); never both.
+        self._turn = threading.Lock()
+        self._inline_runs = 0  # ops callers ran themselves (the loop then polls afresh)
+        self._inline_error: BaseException | None = None  # a caller's failure, for the loop
+        self._forgotten: list[int] = []  # connections a caller stopped watching
+        self._deadline = 0.0  # rank 0: when it stops waiting for the others' goodbyes
         self._last_stall_check = 0.0
         self._thread = threading.Thread(target=self._main, name="hora-engine", daemon=True)
         self._hang = HangReport(self._thread, self._send_ctrl) if rank == 0 else None
@@ -169,8 +176,14 @@ class Engine:
     def running(self) -> bool:
         return not self._stopped.is_set()
 
-    def enqueue(self, ps_id: int, entries: list[TensorEntry]) -> None:
-        """Hand entries to the engine; fails them at once if it has stopped."""
+    def enqueue(self, ps_id: int, entries: list[TensorEntry], inline: bool = False) -> None:
+        """Hand entries to the engine; fails them at once if it has stopped.
+
+        ``inline``: the caller will wait for them anyway. If the set is in direct mode and
+        the engine is idle, the calling thread runs them itself (no hand-off to the engine
+        thread and back); anything left goes to the engine thread as usual."""
+        if inline and self._run_inline(ps_id, entries):
+            return
         with self._lock:
             accepted = not self._stopped.is_set() and not self._stop_requested
             if accepted:
@@ -196,6 +209,33 @@ class Engine:
             self._thread.join(timeout)
         self._wake_r.close()
         self._wake_w.close()
+
+    def _run_inline(self, ps_id: int, entries: list[TensorEntry]) -> bool:
+        """Run ``entries`` in this (the caller's) thread; False if the engine must (the set
+        is not in direct mode, or the engine is busy or stopping)."""
+        ms = self.members.get(ps_id)
+        if ms is None or not ms.direct.active or self._queue or not self._turn.acquire(False):
+            return False
+        try:
+            if (not ms.direct.active or self._queue or self._stopped.is_set()
+                    or self._stop_requested or self._closing or self._inline_error):
+                return False
+            self._inline_runs += 1
+            self._hold(ms, entries)
+            keys = [e.spec_request.match for e in entries]
+            table = ms.table
+            try:
+                while ms.direct.active and any(k in table for k in keys):
+                    if self._closing or self._stop_requested:
+                        break
+                    self._round(ms)
+            except BaseException as e:  # the engine thread fails everything, as its own
+                self._inline_error = e
+        finally:
+            self._turn.release()
+        if ms.table or self._inline_error is not None or self._stop_requested or self._closing:
+            self._wake()  # the engine thread goes on with what is left
+        return True
 
     def _wake(self) -> None:
         # BlockingIOError: a wake-up is already pending; OSError: the engine is gone
@@ -290,41 +330,56 @@ class Engine:
         for peer, pair in self._ctrl.items():
             peers[pair.fileno()] = peer
             poller.register(pair.fileno(), select.POLLIN)
-        deadline = 0.0
         while True:
             busy = self._closing or any(ms.table for ms in self.members.values())
             if busy and any(ms.table and ms.direct.active for ms in self.members.values()):
                 timeout = 0.0  # a member in direct mode with work left goes on with a round
             else:
                 timeout = max(self._cycle_s * 1e3, 0.0) if busy else 250.0
-            for fd, ev in poller.poll(timeout):
-                if ev & select.POLLNVAL:  # closed under the loop (a shutdown that timed out)
-                    poller.unregister(fd)
-                elif fd == wake:
-                    # one read takes every pending wake-up byte (one per enqueue at most while
-                    # the queue waits); any left over only wake the loop once more
-                    with contextlib.suppress(BlockingIOError):
-                        self._wake_r.recv(4096)
-                elif fd in peers:
-                    self._read_control(peers[fd], partial(poller.unregister, fd))
-            if self.timeline is not None and self.settings.timeline_mark_cycles:
-                self.timeline.mark_cycle()
-            self._drain_queue()
-            for ms in list(self.members.values()):
-                if ms.direct.active and ms.table and not (self._closing or self._stop_requested):
-                    self._round(ms)
-            if self.coordinator is not None:
-                self._coordinate()
-            self._execute_inbox()
-            if self._stop_requested and not self._closing:
-                self._begin_shutdown()
-                deadline = time.monotonic() + 10.0
-            if self._closing and (
-                self.rank != 0 or len(self._gone) >= self.size - 1 or time.monotonic() > deadline
-            ):
-                raise _Stop()
-            if self.coordinator is not None:
-                self._stall_check()
+            runs = self._inline_runs
+            events = poller.poll(timeout)
+            with self._turn:
+                self._cycle(poller, peers, wake, events, runs)
+
+    def _cycle(self, poller: Any, peers: dict[int, int], wake: int, events: list[Any],
+               runs: int) -> None:
+        """One turn of the loop (the engine thread, holding the turn)."""
+        if self._inline_error is not None:
+            err, self._inline_error = self._inline_error, None
+            raise err
+        while self._forgotten:
+            with contextlib.suppress(KeyError):
+                poller.unregister(self._forgotten.pop())
+        if runs != self._inline_runs:  # a caller took a turn: what was readable may be read
+            events = poller.poll(0)
+        for fd, ev in events:
+            if ev & select.POLLNVAL:  # closed under the loop (a shutdown that timed out)
+                poller.unregister(fd)
+            elif fd == wake:
+                # one read takes every pending wake-up byte (one per enqueue at most while
+                # the queue waits); any left over only wake the loop once more
+                with contextlib.suppress(BlockingIOError):
+                    self._wake_r.recv(4096)
+            elif fd in peers:
+                self._read_control(peers[fd], partial(poller.unregister, fd))
+        if self.timeline is not None and self.settings.timeline_mark_cycles:
+            self.timeline.mark_cycle()
+        self._drain_queue()
+        for ms in list(self.members.values()):
+            if ms.direct.active and ms.table and not (self._closing or self._stop_requested):
+                self._round(ms)
+        if self.coordinator is not None:
+            self._coordinate()
+        self._execute_inbox()
+        if self._stop_requested and not self._closing:
+            self._begin_shutdown()
+            self._deadline = time.monotonic() + 10.0
+        if self._closing and (
+            self.rank != 0 or len(self._gone) >= self.size - 1 or time.monotonic() > self._deadline
+        ):
+            raise _Stop()
+        if self.coordinator is not None:
+            self._stall_check()
 
     def _read_control(self, peer: int, forget: Callable[[], None]) -> None:
         """Handle one message from ``peer``; ``forget`` stops watching its connection."""
@@ -634,9 +689,7 @@ class Engine:
 
     def _forget(self, poller: Any, fd: int) -> None:
         poller.unregister(fd)
-        if self._poller is not None:
-            with contextlib.suppress(KeyError):
-                self._poller.unregister(fd)
+        self._forgotten.append(fd)  # the loop's poll object: the engine thread's to change
 
     def _peer_gone(self, peer: int) -> _PeerGone:
         return _PeerGone(

@@ -9,7 +9,7 @@ Thread-safe: any user thread may call these.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -31,6 +31,7 @@ from hora.frameworks.submit import (
     _restore,
     _set_id,
     _submit,
+    caller_waits,
 )
 
 Average, Sum, Adasum, Min, Max, Product = AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT
@@ -412,37 +413,44 @@ def allgather_object(
 
 
 # -- blocking forms -------------------------------------------------------------------------
+def _blocking(start: Callable[..., Handle], *args: Any, **kw: Any) -> Any:
+    """Submit through ``start`` and wait: the engine may run the op in this thread."""
+    with caller_waits():
+        handle = start(*args, **kw)
+    return synchronize(handle)
+
+
 def allreduce(array: Any, **kw: Any) -> Any:
-    return synchronize(allreduce_async(array, **kw))
+    return _blocking(allreduce_async, array, **kw)
 
 
 def grouped_allreduce(arrays: Sequence[Any], **kw: Any) -> Any:
-    return synchronize(grouped_allreduce_async(arrays, **kw))
+    return _blocking(grouped_allreduce_async, arrays, **kw)
 
 
 def allgather(array: Any, **kw: Any) -> Any:
-    return synchronize(allgather_async(array, **kw))
+    return _blocking(allgather_async, array, **kw)
 
 
 def grouped_allgather(arrays: Sequence[Any], **kw: Any) -> Any:
-    return synchronize(grouped_allgather_async(arrays, **kw))
+    return _blocking(grouped_allgather_async, arrays, **kw)
 
 
 def broadcast(array: Any, root_rank: int, **kw: Any) -> Any:
-    return synchronize(broadcast_async(array, root_rank, **kw))
+    return _blocking(broadcast_async, array, root_rank, **kw)
 
 
 def alltoall(array: Any, splits: Any = None, **kw: Any) -> Any:
     """Horovod's convention: the received rows alone when ``splits`` is None (equal blocks),
     ``(output, received_splits)`` when ``splits`` was given. ``synchronize`` on the handle of
     ``alltoall_async`` always gives the pair."""
-    output, received = synchronize(alltoall_async(array, splits, **kw))
+    output, received = _blocking(alltoall_async, array, splits, **kw)
     return output if splits is None else (output, received)
 
 
 def reducescatter(array: Any, **kw: Any) -> Any:
-    return synchronize(reducescatter_async(array, **kw))
+    return _blocking(reducescatter_async, array, **kw)
 
 
 def grouped_reducescatter(arrays: Sequence[Any], **kw: Any) -> Any:
-    return synchronize(grouped_reducescatter_async(arrays, **kw))
+    return _blocking(grouped_reducescatter_async, arrays, **kw)

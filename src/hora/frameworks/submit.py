@@ -24,6 +24,7 @@ from hora.dtypes import name_of, storage_dtype
 _OPS = {AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT}
 
 _handles = HandleTable()
+_caller = threading.local()  # ``waits``: set while a blocking form submits (see caller_waits)
 
 Finalize = Callable[[Any], Any] | None
 
@@ -103,8 +104,19 @@ def _submit(
     in_flight.claim(keys, [r.op.name.lower() for r in requests])
     entries = _entries(keys, requests, arrays, outputs, handle, grouped)
     _handles.add(handle)
-    rt.engine.enqueue(ps_id, entries)
+    rt.engine.enqueue(ps_id, entries, getattr(_caller, "waits", False))
     return handle
+
+
+class caller_waits:  # noqa: N801 - used as a statement: ``with caller_waits(): ...``
+    """Around the submission of a blocking form: the caller waits for the op anyway, so the
+    engine may let this thread run it (``Engine.enqueue``'s ``inline``)."""
+
+    def __enter__(self) -> None:
+        _caller.waits = True
+
+    def __exit__(self, *exc: object) -> None:
+        _caller.waits = False
 
 
 def _entries(
