@@ -214,3 +214,51 @@ def test_a_peer_that_leaves_during_a_round_fails_the_others_quickly(how: str) ->
     assert float(r0.value["seconds"]) < 10, r0.value  # type: ignore[arg-type]
     if how == "kill":
         assert results[1].status == "died" and results[1].returncode == -9
+
+
+def _same_bits(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    rng = np.random.default_rng(rank)
+    out: dict[str, object] = {}
+    ops = {"sum": hvd.Sum, "avg": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+           "prod": hvd.Product}
+    for dtype in ("float32", "float64", "float16", "int32", "int64", "uint8", "bool"):
+        for label, op in ops.items():
+            if dtype == "bool" and label in ("avg", "prod"):
+                continue
+            x = (rng.standard_normal(300) * 10).astype(dtype)
+            got = []
+            # the first is negotiated with rank 0, the second as cache hits, the later ones
+            # in direct mode, with the inputs inside the round's headers
+            for _ in range(4):
+                got.append(hvd.allreduce(x, op=op, name=f"{dtype}.{label}",
+                                         prescale_factor=1.0 if dtype == "bool" else 0.5,
+                                         postscale_factor=1.0 if dtype == "bool" else 3.0))
+            out[f"{dtype}.{label}"] = all(g.tobytes() == got[0].tobytes() for g in got[1:])
+    # in place, bfloat16 storage
+    buf = np.arange(16, dtype=np.float32) * (rank + 1)
+    for _ in range(4):
+        hvd.allreduce(buf, op=hvd.Sum, output=buf, name="inplace")
+    out["inplace"] = buf.tolist()
+    bf = np.full(8, 0x3F80, dtype=np.uint16)  # bfloat16 1.0
+    for _ in range(4):
+        res = hvd.allreduce(bf, op=hvd.Sum, dtype="bfloat16", name="bf16")
+    out["bf16"] = res.tolist()
+    out["exchanged"] = _stats()["direct_rounds"]
+    hvd.shutdown()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_inputs_exchanged_in_the_round_give_the_backends_bits() -> None:
+    for out in run_ranks(_same_bits, 2, timeout=90):
+        bad = [k for k, v in out.items() if v is False]
+        assert not bad, bad
+        # in place: element i is i * (1 + 2) after the first step, doubled at each later one
+        assert out["inplace"] == [float(i * 3 * 2**3) for i in range(16)], out["inplace"]
+        assert out["bf16"] == [0x4000] * 8, out["bf16"]  # 1.0 + 1.0 = 2.0
+        assert int(out["exchanged"]) > 60, out["exchanged"]  # type: ignore[call-overload]

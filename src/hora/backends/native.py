@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 class NativeBackend:
     name = "TCP"
+    # hora's own data path: a two-member set in direct mode may move a small allreduce inside
+    # the round's headers (hora.core.fastpath) instead of calling this backend
+    native = True
 
     def __init__(self, ctx: BackendContext | None = None) -> None:
         # one scratch area for every reduction, instead of an allocation per call

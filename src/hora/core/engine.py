@@ -31,23 +31,24 @@ from hora.backends.base import Backend, SetComm
 from hora.core.autotune import Autotuner
 from hora.core.controller import Coordinator, decode_responses
 from hora.core.executor import Executor, TensorEntry
-from hora.core.fastpath import OTHER, DirectMode, decode_header, encode_header
+from hora.core.fastpath import DirectRounds, MemberState
 from hora.core.handles import shut_down_error
-from hora.core.hang_report import HangReport, stacks_message
-from hora.core.messages import CACHEABLE, OpType, Response, bits_encode, decode, encode
-from hora.core.response_cache import ResponseCache
+from hora.core.hang_report import STALL_MESSAGE, HangReport, stacks_message
+from hora.core.messages import (
+    CACHEABLE,
+    OpType,
+    Response,
+    bits_encode,
+    decode,
+    encode,
+    table_key,
+)
 from hora.errors import HoraInternalError, TransportError
 from hora.settings import Settings
 from hora.transport.base import CONTROL, Pair, Transport
 
 log = logging.getLogger("hora.engine")
 
-STALL_MESSAGE = (
-    "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
-    "ranks and are waiting for remainder of ranks for more than {secs:.0f} seconds. This may "
-    "indicate that different ranks are trying to submit different tensors or that only subset "
-    "of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:\n{lines}"
-)
 
 
 class _Stop(Exception):
@@ -71,25 +72,7 @@ def _describe(entry: TensorEntry) -> str:
     return f"{req.op.name.lower()} of tensor {req.match!r}"
 
 
-class MemberState:
-    """This rank's view of one process set it belongs to."""
-
-    def __init__(self, comm: SetComm, cache_capacity: int) -> None:
-        self.comm = comm
-        self.cache = ResponseCache(cache_capacity)
-        self.epoch = 0
-        self.table: dict[str, TensorEntry] = {}
-        self.joined = False
-        # direct mode (hora.core.fastpath): the cache ids of the tensors waiting for a round,
-        # by table key in submission order; ``other``: something waits that a round cannot
-        # settle; ``sent``: table keys already asked of the coordinator
-        self.direct = DirectMode()
-        self.ready: dict[str, int] = {}
-        self.other = False
-        self.sent: set[str] = set()
-
-
-class Engine:
+class Engine(DirectRounds):
     def __init__(
         self,
         rank: int,
@@ -209,33 +192,6 @@ class Engine:
             self._thread.join(timeout)
         self._wake_r.close()
         self._wake_w.close()
-
-    def _run_inline(self, ps_id: int, entries: list[TensorEntry]) -> bool:
-        """Run ``entries`` in this (the caller's) thread; False if the engine must (the set
-        is not in direct mode, or the engine is busy or stopping)."""
-        ms = self.members.get(ps_id)
-        if ms is None or not ms.direct.active or self._queue or not self._turn.acquire(False):
-            return False
-        try:
-            if (not ms.direct.active or self._queue or self._stopped.is_set()
-                    or self._stop_requested or self._closing or self._inline_error):
-                return False
-            self._inline_runs += 1
-            self._hold(ms, entries)
-            keys = [e.spec_request.match for e in entries]
-            table = ms.table
-            try:
-                while ms.direct.active and any(k in table for k in keys):
-                    if self._closing or self._stop_requested:
-                        break
-                    self._round(ms)
-            except BaseException as e:  # the engine thread fails everything, as its own
-                self._inline_error = e
-        finally:
-            self._turn.release()
-        if ms.table or self._inline_error is not None or self._stop_requested or self._closing:
-            self._wake()  # the engine thread goes on with what is left
-        return True
 
     def _wake(self) -> None:
         # BlockingIOError: a wake-up is already pending; OSError: the engine is gone
@@ -452,7 +408,7 @@ class Engine:
                 else:
                     if op == OpType.JOIN:
                         ms.joined = True
-                    table[_table_key(req)] = e
+                    table[table_key(req)] = e
                     cid = None
                 if tl is not None:
                     tl.negotiate_start(req.name, op.name)
@@ -560,165 +516,10 @@ class Engine:
             for s in resp.specs:
                 tl.end(s.request.name, s.request.dtype, s.request.shape, fused)
 
-    # -- direct mode (hora.core.fastpath) ---------------------------------------------------
-    def _hold(self, ms: MemberState, entries: list[TensorEntry]) -> None:
-        """Direct mode's drain: entries wait in the table for the next round."""
-        table, hit, srank, ready = ms.table, ms.cache.hit, ms.comm.rank, ms.ready
-        tl = self.timeline
-        for e in entries:
-            req = e.spec_request
-            if req.op in CACHEABLE:
-                table[req.match] = e
-                cid = hit(req, srank)
-                if cid is None:
-                    ms.other = True
-                else:
-                    ready[req.match] = cid
-            else:
-                if req.op == OpType.JOIN:
-                    ms.joined = True
-                table[_table_key(req)] = e
-                ms.other = True
-            if tl is not None:
-                tl.negotiate_start(req.name, req.op.name)
-
-    def _enter_direct(self, ms: MemberState, threshold: int) -> None:
-        ms.direct.enter(threshold)
-        ms.sent = set(ms.table)  # asked of the coordinator before: a round cannot settle them
-        ms.other = bool(ms.sent)
-        ms.ready = {}
-
-    def _leave_direct(self, ms: MemberState) -> None:
-        """Every member ends direct mode at the same round: what waits goes to the
-        coordinator, which orders it, validates it and reports stalls."""
-        ms.direct.leave()
-        self.stats["direct_exits"] += 1
-        full: list[Any] = []
-        hits: list[int] = []
-        hit, srank = ms.cache.hit, ms.comm.rank
-        for key, e in ms.table.items():
-            if key in ms.sent:
-                continue
-            req = e.spec_request
-            cid = hit(req, srank) if req.op in CACHEABLE else None
-            if cid is None:
-                full.append(req.to_wire())
-            else:
-                hits.append(cid)
-        ms.sent, ms.ready, ms.other = set(), {}, False
-        if full or hits:
-            self._send_requests(ms.comm.process_set_id, full, hits)
-
-    def _round(self, ms: MemberState) -> None:
-        """One round: headers to and from every other member, then what all have ready."""
-        self.stats["direct_rounds"] += 1
-        ids = list(ms.ready.values())
-        flags = OTHER if ms.other else 0
-        headers = self._exchange(ms, encode_header(ids, flags), (flags, ids))
-        if headers is None:  # this rank is shutting down: the loop goes on to do so
-            return
-        chosen = ms.direct.decide(headers)
-        plan = None if chosen is None else ms.direct.plan(chosen, ms.cache)
-        if plan is None:
-            self._leave_direct(ms)
-            return
-        mirror = None
-        if self.coordinator is not None:
-            mirror = self.coordinator.sets[ms.comm.process_set_id].mirror
-        ready, touch = ms.ready, ms.cache.touch
-        for resp in plan:  # what decoding the ids of a response list does to the caches
-            for spec in resp.specs:
-                cid = ready.pop(spec.request.match)
-                touch(cid)
-                if mirror is not None:
-                    mirror.touch(cid)
-        self._run(ms, plan)
-
-    def _exchange(
-        self, ms: MemberState, mine: bytes, own: tuple[int, list[int]]
-    ) -> list[tuple[int, list[int]]] | None:
-        """Send this member's header to the others and wait for theirs, serving control
-        messages and wake-ups meanwhile; None if this rank began to shut down."""
-        comm = ms.comm
-        headers: list[Any] = [None] * comm.size
-        headers[comm.rank] = own
-        waiting: dict[int, tuple[int, Pair]] = {}
-        for p in range(comm.size):
-            if p != comm.rank:
-                pair = comm.pair(p)
-                try:
-                    pair.send_msg(mine)
-                except TransportError as e:
-                    raise self._peer_gone(comm.ranks[p]) from e
-                waiting[pair.fileno()] = (p, pair)
-        if not waiting:
-            return headers
-        poller = select.poll()
-        for fd in waiting:
-            poller.register(fd, select.POLLIN)
-        wake = self._wake_r.fileno()
-        poller.register(wake, select.POLLIN)
-        ctrl = {}
-        for peer, pair in self._ctrl.items():
-            if peer not in self._gone:
-                ctrl[pair.fileno()] = peer
-                poller.register(pair.fileno(), select.POLLIN)
-        since = time.monotonic()
-        warned: float | None = None
-        while waiting:
-            for fd, _ in poller.poll(500.0):
-                if fd in waiting:
-                    p, pair = waiting.pop(fd)
-                    poller.unregister(fd)
-                    try:
-                        payload = pair.recv_msg()
-                    except TransportError as e:
-                        raise self._peer_gone(comm.ranks[p]) from e
-                    headers[p] = decode_header(payload, comm.ranks[p])
-                elif fd == wake:
-                    with contextlib.suppress(BlockingIOError):
-                        self._wake_r.recv(4096)
-                elif fd in ctrl:
-                    self._read_control(ctrl[fd], partial(self._forget, poller, fd))
-            if waiting and (self._closing or self._stop_requested):
-                return None
-            if waiting:
-                warned = self._direct_stall(ms, [comm.ranks[p] for p, _ in waiting.values()],
-                                            since, warned)
-        return headers
-
-    def _forget(self, poller: Any, fd: int) -> None:
-        poller.unregister(fd)
-        self._forgotten.append(fd)  # the loop's poll object: the engine thread's to change
-
     def _peer_gone(self, peer: int) -> _PeerGone:
         return _PeerGone(
             f"rank {peer} exited or was killed (its connection to rank {self.rank} closed)", peer
         )
-
-    def _direct_stall(
-        self, ms: MemberState, missing: list[int], since: float, warned: float | None
-    ) -> float | None:
-        """The stall inspector of a round (this rank knows whom it waits for): warns every
-        HOROVOD_STALL_CHECK_TIME_SECONDS, ends the job past the shutdown time. Returns when it
-        last warned."""
-        s = self.settings
-        now = time.monotonic()
-        if s.stall_check_disable or now - since < s.stall_check_time_seconds:
-            return warned
-        names = [e.spec_request.name for e in ms.table.values()]
-        shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
-        lines = "\n".join(f"{r}: [{shown}]" for r in missing)
-        text = STALL_MESSAGE.format(secs=s.stall_check_time_seconds, lines=lines)
-        if 0 < s.stall_shutdown_time_seconds <= now - since:
-            raise HoraInternalError(
-                text + f"\nStalled for more than {s.stall_shutdown_time_seconds:.0f} seconds: "
-                "shutting down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)."
-            )
-        if warned is None or now - warned >= s.stall_check_time_seconds:
-            log.warning(text)
-            return now
-        return warned
 
     def _register_member(self, ps_id: int, ranks: list[int]) -> None:
         if self.rank in ranks:
@@ -827,11 +628,3 @@ class Engine:
 
     def _send_ctrl(self, rank: int, msg: dict[str, Any]) -> None:
         self._ctrl[rank].send_msg(encode(msg))
-
-
-def _table_key(req: Any) -> str:
-    if req.op == OpType.BARRIER:
-        return "barrier"
-    if req.op == OpType.JOIN:
-        return "join"
-    return str(req.match)

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from hora.backends.base import Backend, SetComm
-from hora.collectives.reduce_ops import AVERAGE, SUM, scale
+from hora.collectives.reduce_ops import AVERAGE, SUM, reducer, scale
 from hora.collectives.reducescatter_ring import reducescatter_counts
 from hora.core.messages import OpType, Response, TensorSpec
 from hora.dtypes import storage_dtype
+from hora.errors import HoraInternalError
 
 
 @dataclass
@@ -34,6 +35,10 @@ class TensorEntry:
 def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
+
+# A two-member set in direct mode moves an allreduce up to this size inside the round's headers
+# (hora.core.fastpath), with hora's own backend: one exchange instead of two.
+EXCHANGE_MAX_BYTES = 64 << 10
 
 # In a fused allreduce, tensors this large are reduced in place rather than copied through the
 # fusion buffer (two copies of a large tensor cost more than one more backend call).
@@ -189,6 +194,40 @@ class Executor:
             self.backend.allreduce(comm, buf, dtype, op)
         self._act(names, None)
         scale(buf, dtype, post)
+
+    def exchange_input(self, spec: TensorSpec, entry: TensorEntry) -> np.ndarray | None:
+        """What this rank sends when a two-member round carries a small allreduce itself: a
+        prescaled copy of the input (the input stays as it is, should the round not run it);
+        None when the op does not qualify."""
+        req = spec.request
+        if (req.op != OpType.ALLREDUCE or req.nbytes > EXCHANGE_MAX_BYTES
+                or entry.array is None or not getattr(self.backend, "native", False)):
+            return None
+        buf = entry.array.reshape(-1).copy()
+        scale(buf, req.dtype, req.prescale)
+        return buf
+
+    def finish_exchange(
+        self, spec: TensorSpec, entry: TensorEntry, mine: np.ndarray, theirs: bytes
+    ) -> np.ndarray:
+        """The result of a two-member allreduce from both prescaled inputs: the same bits on
+        both ranks (the element-wise ops commute), written to the output if there is one."""
+        req = spec.request
+        op = req.reduce_op
+        incoming = np.frombuffer(theirs, dtype=mine.dtype)
+        if incoming.size != mine.size:
+            raise HoraInternalError(
+                f"{req.name}: the other rank sent {len(theirs)} bytes for {mine.nbytes}"
+            )
+        self._act([req.name], "EXCHANGE_ALLREDUCE")
+        reducer(SUM if op == AVERAGE else op, req.dtype)(mine, incoming)
+        scale(mine, req.dtype, req.postscale / 2 if op == AVERAGE else req.postscale)
+        self._act([req.name], None)
+        if entry.output is not None:
+            flat = entry.output.reshape(-1)
+            flat[...] = mine
+            return flat.reshape(req.shape)
+        return mine.reshape(req.shape)
 
     def allgather(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> np.ndarray:
         req = spec.request

@@ -22,41 +22,65 @@ headers travel on the set's data connections between two collectives, never insi
 Mismatches cannot slip through: a request that differs from its cached spec is a cache miss,
 which ends direct mode, and the coordinator reports it naming both sides.
 
-This module is the pure part (header format, decision, plans); the engine does the sending,
-the waiting and the executing. Engine thread only; not thread-safe.
+A caller that waits for its op anyway (a blocking form) may run its round itself when the
+engine is idle (:meth:`DirectRounds._run_inline`): no hand-off to the engine thread and back.
+
+:class:`DirectMode` is the pure part (the decision, plans); :class:`DirectRounds` is the
+engine's side of it (holding work, rounds, the wait for the others' headers), mixed into
+:class:`~hora.core.engine.Engine`. Run by whichever thread holds the engine's turn (the engine
+thread, or such a caller); not thread-safe otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import select
 import struct
+import threading
+import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
-from hora.core.controller import fuse
-from hora.core.messages import Response, TensorSpec
+from hora.backends.base import SetComm
+from hora.core.controller import Coordinator, fuse
+from hora.core.executor import Executor, TensorEntry
+from hora.core.hang_report import STALL_MESSAGE
+from hora.core.messages import CACHEABLE, OpType, Response, TensorSpec, table_key
 from hora.core.response_cache import ResponseCache
+from hora.errors import HoraInternalError, TransportError
+from hora.settings import Settings
+from hora.transport.base import Pair
+
+log = logging.getLogger("hora.engine")
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
-_HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32
+DATA = 2  # the header's flag: the input of its one tensor follows the ids (two members)
+_HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, then any data
+
+Header = tuple[int, list[int], bytes]  # flags, cache ids, data
 
 
-def encode_header(ids: Sequence[int], flags: int = 0) -> bytes:
-    return _HEAD.pack(flags, len(ids)) + array("I", ids).tobytes()
+def encode_header(ids: Sequence[int], flags: int = 0, data: bytes = b"") -> bytes:
+    return _HEAD.pack(flags, len(ids)) + array("I", ids).tobytes() + data
 
 
-def decode_header(payload: bytes, peer: int) -> tuple[int, list[int]]:
-    """(flags, ids) of a peer's header; ValueError naming ``peer`` if it is malformed."""
+def decode_header(payload: bytes, peer: int) -> Header:
+    """(flags, ids, data) of a peer's header; ValueError naming ``peer`` if malformed."""
     if len(payload) < _HEAD.size:
         raise ValueError(f"malformed direct-mode header from rank {peer}: {len(payload)} bytes")
     flags, count = _HEAD.unpack_from(payload)
-    body = payload[_HEAD.size :]
-    if len(body) != 4 * count:
+    end = _HEAD.size + 4 * count
+    if len(payload) < end or (len(payload) > end and not flags & DATA):
         raise ValueError(
-            f"malformed direct-mode header from rank {peer}: {count} ids in {len(body)} bytes"
+            f"malformed direct-mode header from rank {peer}: {count} ids in "
+            f"{len(payload) - _HEAD.size} bytes"
         )
     ids = array("I")
-    ids.frombytes(body)
-    return flags, ids.tolist()
+    ids.frombytes(payload[_HEAD.size : end])
+    return flags, ids.tolist(), payload[end:]
 
 
 class DirectMode:
@@ -76,17 +100,17 @@ class DirectMode:
         self.active = False
         self._plans.clear()
 
-    def decide(self, headers: list[tuple[int, list[int]]]) -> list[int] | None:
+    def decide(self, headers: Sequence[Header]) -> list[int] | None:
         """The ids to run this round, in order, from every member's header (by set rank);
         None when direct mode ends."""
-        if any(flags & OTHER for flags, _ in headers):
+        if any(h[0] & OTHER for h in headers):
             return None
         first = headers[0][1]
         if len(headers) == 2 and headers[1][1] == first:
             return first or None  # the steady state: both members hold the same work
         common = set(first)
-        for _, ids in headers[1:]:
-            common.intersection_update(ids)
+        for h in headers[1:]:
+            common.intersection_update(h[1])
         return [i for i in first if i in common] or None
 
     def plan(self, ids: list[int], cache: ResponseCache) -> list[Response] | None:
@@ -127,3 +151,270 @@ def _whole_groups(specs: list[TensorSpec]) -> list[TensorSpec]:
 
 def _by_priority(spec: TensorSpec) -> int:
     return -spec.request.priority
+
+
+class MemberState:
+    """This rank's view of one process set it belongs to."""
+
+    def __init__(self, comm: SetComm, cache_capacity: int) -> None:
+        self.comm = comm
+        self.cache = ResponseCache(cache_capacity)
+        self.epoch = 0
+        self.table: dict[str, TensorEntry] = {}
+        self.joined = False
+        # direct mode (hora.core.fastpath): the cache ids of the tensors waiting for a round,
+        # by table key in submission order; ``other``: something waits that a round cannot
+        # settle; ``sent``: table keys already asked of the coordinator
+        self.direct = DirectMode()
+        self.ready: dict[str, int] = {}
+        self.other = False
+        self.sent: set[str] = set()
+
+
+class DirectRounds:
+    """The engine's side of direct mode (a mixin of :class:`~hora.core.engine.Engine`, whose
+    state it uses as declared here)."""
+
+    rank: int
+    settings: Settings
+    timeline: Any
+    coordinator: Coordinator | None
+    members: dict[int, MemberState]
+    stats: dict[str, int]
+    _ctrl: dict[int, Pair]
+    _gone: set[int]
+    _queue: list[tuple[int, list[TensorEntry]]]
+    _stopped: threading.Event
+    _stop_requested: bool
+    _closing: bool
+    _wake_r: Any
+    _turn: threading.Lock
+    _inline_runs: int
+    _inline_error: BaseException | None
+    _forgotten: list[int]
+    executor: Executor
+
+    # provided by the engine
+    def _wake(self) -> None: ...
+    def _run(self, ms: MemberState, responses: list[Response]) -> None: ...
+    def _send_requests(self, ps_id: int, full: list[Any], hits: list[int]) -> None: ...
+    def _read_control(self, peer: int, forget: Callable[[], None]) -> None: ...
+    def _peer_gone(self, peer: int) -> TransportError:
+        raise NotImplementedError
+
+    def _run_inline(self, ps_id: int, entries: list[TensorEntry]) -> bool:
+        """Run ``entries`` in this (the caller's) thread; False if the engine must (the set
+        is not in direct mode, or the engine is busy or stopping)."""
+        ms = self.members.get(ps_id)
+        if ms is None or not ms.direct.active or self._queue or not self._turn.acquire(False):
+            return False
+        try:
+            if (not ms.direct.active or self._queue or self._stopped.is_set()
+                    or self._stop_requested or self._closing or self._inline_error):
+                return False
+            self._inline_runs += 1
+            self._hold(ms, entries)
+            keys = [e.spec_request.match for e in entries]
+            table = ms.table
+            try:
+                while ms.direct.active and any(k in table for k in keys):
+                    if self._closing or self._stop_requested:
+                        break
+                    self._round(ms)
+            except BaseException as e:  # the engine thread fails everything, as its own
+                self._inline_error = e
+        finally:
+            self._turn.release()
+        if ms.table or self._inline_error is not None or self._stop_requested or self._closing:
+            self._wake()  # the engine thread goes on with what is left
+        return True
+
+
+    def _hold(self, ms: MemberState, entries: list[TensorEntry]) -> None:
+        """Direct mode's drain: entries wait in the table for the next round."""
+        table, hit, srank, ready = ms.table, ms.cache.hit, ms.comm.rank, ms.ready
+        tl = self.timeline
+        for e in entries:
+            req = e.spec_request
+            if req.op in CACHEABLE:
+                table[req.match] = e
+                cid = hit(req, srank)
+                if cid is None:
+                    ms.other = True
+                else:
+                    ready[req.match] = cid
+            else:
+                if req.op == OpType.JOIN:
+                    ms.joined = True
+                table[table_key(req)] = e
+                ms.other = True
+            if tl is not None:
+                tl.negotiate_start(req.name, req.op.name)
+
+    def _enter_direct(self, ms: MemberState, threshold: int) -> None:
+        ms.direct.enter(threshold)
+        ms.sent = set(ms.table)  # asked of the coordinator before: a round cannot settle them
+        ms.other = bool(ms.sent)
+        ms.ready = {}
+
+    def _leave_direct(self, ms: MemberState) -> None:
+        """Every member ends direct mode at the same round: what waits goes to the
+        coordinator, which orders it, validates it and reports stalls."""
+        ms.direct.leave()
+        self.stats["direct_exits"] += 1
+        full: list[Any] = []
+        hits: list[int] = []
+        hit, srank = ms.cache.hit, ms.comm.rank
+        for key, e in ms.table.items():
+            if key in ms.sent:
+                continue
+            req = e.spec_request
+            cid = hit(req, srank) if req.op in CACHEABLE else None
+            if cid is None:
+                full.append(req.to_wire())
+            else:
+                hits.append(cid)
+        ms.sent, ms.ready, ms.other = set(), {}, False
+        if full or hits:
+            self._send_requests(ms.comm.process_set_id, full, hits)
+
+    def _round(self, ms: MemberState) -> None:
+        """One round: headers to and from every other member, then what all have ready."""
+        self.stats["direct_rounds"] += 1
+        ids = list(ms.ready.values())
+        flags = OTHER if ms.other else 0
+        mine = None
+        if len(ids) == 1 and not flags and ms.comm.size == 2:  # the data may come along
+            key = next(iter(ms.ready))
+            spec = ms.cache.get(ids[0])
+            if spec is not None:
+                mine = self.executor.exchange_input(spec, ms.table[key])
+        data = b"" if mine is None else mine.tobytes()
+        if mine is not None:
+            flags |= DATA
+        headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
+        if headers is None:  # this rank is shutting down: the loop goes on to do so
+            return
+        if mine is not None:
+            theirs = headers[1 - ms.comm.rank]
+            if theirs[0] & DATA and theirs[1] == ids:  # both sent the same tensor's input
+                self._exchanged(ms, key, ids[0], mine, theirs[2])
+                return
+        chosen = ms.direct.decide(headers)
+        plan = None if chosen is None else ms.direct.plan(chosen, ms.cache)
+        if plan is None:
+            self._leave_direct(ms)
+            return
+        ready = ms.ready
+        self._touch(ms, [ready.pop(s.request.match) for r in plan for s in r.specs])
+        self._run(ms, plan)
+
+    def _touch(self, ms: MemberState, ids: list[int]) -> None:
+        """What decoding these ids in a response list does to the caches (LRU order)."""
+        mirror = None
+        if self.coordinator is not None:
+            mirror = self.coordinator.sets[ms.comm.process_set_id].mirror
+        for cid in ids:
+            ms.cache.touch(cid)
+            if mirror is not None:
+                mirror.touch(cid)
+
+    def _exchanged(self, ms: MemberState, key: str, cid: int, mine: Any, theirs: bytes) -> None:
+        """Finish a tensor whose inputs travelled in the round's headers."""
+        spec = ms.cache.get(cid)
+        if spec is None:  # exchange_input had it a moment ago
+            raise HoraInternalError(f"cache entry {cid} vanished during a round")
+        entry = ms.table[key]
+        del ms.ready[key]
+        self._touch(ms, [cid])
+        self.stats["responses"] += 1
+        name = spec.request.name
+        tl = self.timeline
+        if tl is not None:
+            tl.negotiate_end(name)
+            tl.start(name, "ALLREDUCE")
+        result = self.executor.finish_exchange(spec, entry, mine, theirs)
+        del ms.table[key]
+        entry.complete(result)
+        if tl is not None:
+            req = spec.request
+            tl.end(name, req.dtype, req.shape, 0)
+
+    def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header] | None:
+        """Send this member's header to the others and wait for theirs, serving control
+        messages and wake-ups meanwhile; None if this rank began to shut down."""
+        comm = ms.comm
+        headers: list[Any] = [None] * comm.size
+        headers[comm.rank] = own
+        waiting: dict[int, tuple[int, Pair]] = {}
+        for p in range(comm.size):
+            if p != comm.rank:
+                pair = comm.pair(p)
+                try:
+                    pair.send_msg(mine)
+                except TransportError as e:
+                    raise self._peer_gone(comm.ranks[p]) from e
+                waiting[pair.fileno()] = (p, pair)
+        if not waiting:
+            return headers
+        poller = select.poll()
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        wake = self._wake_r.fileno()
+        poller.register(wake, select.POLLIN)
+        ctrl = {}
+        for peer, pair in self._ctrl.items():
+            if peer not in self._gone:
+                ctrl[pair.fileno()] = peer
+                poller.register(pair.fileno(), select.POLLIN)
+        since = time.monotonic()
+        warned: float | None = None
+        while waiting:
+            for fd, _ in poller.poll(500.0):
+                if fd in waiting:
+                    p, pair = waiting.pop(fd)
+                    poller.unregister(fd)
+                    try:
+                        payload = pair.recv_msg()
+                    except TransportError as e:
+                        raise self._peer_gone(comm.ranks[p]) from e
+                    headers[p] = decode_header(payload, comm.ranks[p])
+                elif fd == wake:
+                    with contextlib.suppress(BlockingIOError):
+                        self._wake_r.recv(4096)
+                elif fd in ctrl:
+                    self._read_control(ctrl[fd], partial(self._forget, poller, fd))
+            if waiting and (self._closing or self._stop_requested):
+                return None
+            if waiting:
+                warned = self._direct_stall(ms, [comm.ranks[p] for p, _ in waiting.values()],
+                                            since, warned)
+        return headers
+
+    def _forget(self, poller: Any, fd: int) -> None:
+        poller.unregister(fd)
+        self._forgotten.append(fd)  # the loop's poll object: the engine thread's to change
+
+    def _direct_stall(
+        self, ms: MemberState, missing: list[int], since: float, warned: float | None
+    ) -> float | None:
+        """The stall inspector of a round (this rank knows whom it waits for): warns every
+        HOROVOD_STALL_CHECK_TIME_SECONDS, ends the job past the shutdown time. Returns when it
+        last warned."""
+        s = self.settings
+        now = time.monotonic()
+        if s.stall_check_disable or now - since < s.stall_check_time_seconds:
+            return warned
+        names = [e.spec_request.name for e in ms.table.values()]
+        shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
+        lines = "\n".join(f"{r}: [{shown}]" for r in missing)
+        text = STALL_MESSAGE.format(secs=s.stall_check_time_seconds, lines=lines)
+        if 0 < s.stall_shutdown_time_seconds <= now - since:
+            raise HoraInternalError(
+                text + f"\nStalled for more than {s.stall_shutdown_time_seconds:.0f} seconds: "
+                "shutting down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)."
+            )
+        if warned is None or now - warned >= s.stall_check_time_seconds:
+            log.warning(text)
+            return now
+        return warned

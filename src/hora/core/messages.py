@@ -199,6 +199,15 @@ class Response:
         return [s.request.name for s in self.specs]
 
 
+def table_key(req: Request) -> str:
+    """Where a member keeps a submitted request until it runs."""
+    if req.op == OpType.BARRIER:
+        return "barrier"
+    if req.op == OpType.JOIN:
+        return "join"
+    return str(req.match)
+
+
 # --- wire messages -------------------------------------------------------------------------
 # worker -> coordinator: {"t": "req", "ps": id, "ep": epoch, "r": [requests], "h": hitbits-hex}
 #                        {"t": "shutdown"}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hora.core.controller import Coordinator, decode_responses
-from hora.core.fastpath import OTHER, DirectMode, decode_header, encode_header
+from hora.core.fastpath import DATA, OTHER, DirectMode, decode_header, encode_header
 from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
 
@@ -27,8 +27,9 @@ def _cache(*reqs: Request) -> ResponseCache:
 
 # -- headers ---------------------------------------------------------------------------------
 def test_header_round_trip() -> None:
-    assert decode_header(encode_header([3, 0, 70000]), 1) == (0, [3, 0, 70000])
-    assert decode_header(encode_header([], OTHER), 1) == (OTHER, [])
+    assert decode_header(encode_header([3, 0, 70000]), 1) == (0, [3, 0, 70000], b"")
+    assert decode_header(encode_header([], OTHER), 1) == (OTHER, [], b"")
+    assert decode_header(encode_header([7], DATA, b"abc"), 1) == (DATA, [7], b"abc")
 
 
 def test_malformed_header_names_the_peer() -> None:
@@ -36,21 +37,23 @@ def test_malformed_header_names_the_peer() -> None:
         decode_header(b"\x00", 5)
     with pytest.raises(ValueError, match="rank 2: 3 ids in 8 bytes"):
         decode_header(encode_header([1, 2, 3])[:-4], 2)
+    with pytest.raises(ValueError, match="rank 2: 1 ids in 7 bytes"):  # data, unannounced
+        decode_header(encode_header([1]) + b"abc", 2)
 
 
 # -- the round's decision --------------------------------------------------------------------
 def test_decide_runs_what_every_member_has_in_the_lowest_members_order() -> None:
     d = DirectMode()
-    assert d.decide([(0, [4, 1]), (0, [4, 1])]) == [4, 1]
-    assert d.decide([(0, [4, 1, 7]), (0, [7, 4])]) == [4, 7]
-    assert d.decide([(0, [1, 2]), (0, [2, 3]), (0, [2, 1])]) == [2]
+    assert d.decide([(0, [4, 1], b""), (0, [4, 1], b"")]) == [4, 1]
+    assert d.decide([(0, [4, 1, 7], b""), (0, [7, 4], b"")]) == [4, 7]
+    assert d.decide([(0, [1, 2], b""), (0, [2, 3], b""), (0, [2, 1], b"")]) == [2]
 
 
 def test_decide_ends_direct_mode_on_other_or_nothing_in_common() -> None:
     d = DirectMode()
-    assert d.decide([(0, [1]), (OTHER, [1])]) is None
-    assert d.decide([(0, [1]), (0, [2])]) is None
-    assert d.decide([(0, []), (0, [])]) is None
+    assert d.decide([(0, [1], b""), (OTHER, [1], b"")]) is None
+    assert d.decide([(0, [1], b""), (0, [2], b"")]) is None
+    assert d.decide([(0, [], b""), (0, [], b"")]) is None
 
 
 # -- plans -----------------------------------------------------------------------------------
