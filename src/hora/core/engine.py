@@ -193,6 +193,15 @@ class Engine(DirectRounds):
         self._wake_r.close()
         self._wake_w.close()
 
+    def _woken(self) -> None:
+        """Take the wake-up bytes (one per enqueue at most while the queue waits; any left
+        over only wake the loop once more). Called outside the loop's own poll (in a round),
+        the queue is drained later: the next enqueue must wake the loop again."""
+        with contextlib.suppress(BlockingIOError):
+            self._wake_r.recv(4096)
+        with self._lock:
+            self._wake_pending = False
+
     def _wake(self) -> None:
         # BlockingIOError: a wake-up is already pending; OSError: the engine is gone
         with contextlib.suppress(BlockingIOError, OSError):
@@ -288,8 +297,11 @@ class Engine(DirectRounds):
             poller.register(pair.fileno(), select.POLLIN)
         while True:
             busy = self._closing or any(ms.table for ms in self.members.values())
-            if busy and any(ms.table and ms.direct.active for ms in self.members.values()):
-                timeout = 0.0  # a member in direct mode with work left goes on with a round
+            if self._queue or (
+                busy and any(ms.table and ms.direct.active for ms in self.members.values())
+            ):
+                # work queued while a round ran, or a member in direct mode with work left
+                timeout = 0.0
             else:
                 timeout = max(self._cycle_s * 1e3, 0.0) if busy else 250.0
             runs = self._inline_runs
@@ -312,10 +324,7 @@ class Engine(DirectRounds):
             if ev & select.POLLNVAL:  # closed under the loop (a shutdown that timed out)
                 poller.unregister(fd)
             elif fd == wake:
-                # one read takes every pending wake-up byte (one per enqueue at most while
-                # the queue waits); any left over only wake the loop once more
-                with contextlib.suppress(BlockingIOError):
-                    self._wake_r.recv(4096)
+                self._woken()
             elif fd in peers:
                 self._read_control(peers[fd], partial(poller.unregister, fd))
         if self.timeline is not None and self.settings.timeline_mark_cycles:

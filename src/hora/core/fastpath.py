@@ -33,7 +33,6 @@ thread, or such a caller); not thread-safe otherwise.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import select
 import struct
@@ -196,6 +195,7 @@ class DirectRounds:
 
     # provided by the engine
     def _wake(self) -> None: ...
+    def _woken(self) -> None: ...
     def _run(self, ms: MemberState, responses: list[Response]) -> None: ...
     def _send_requests(self, ps_id: int, full: list[Any], hits: list[int]) -> None: ...
     def _read_control(self, peer: int, forget: Callable[[], None]) -> None: ...
@@ -379,9 +379,8 @@ class DirectRounds:
                     except TransportError as e:
                         raise self._peer_gone(comm.ranks[p]) from e
                     headers[p] = decode_header(payload, comm.ranks[p])
-                elif fd == wake:
-                    with contextlib.suppress(BlockingIOError):
-                        self._wake_r.recv(4096)
+                elif fd == wake:  # new work or a shutdown: the loop takes the queue after
+                    self._woken()
                 elif fd in ctrl:
                     self._read_control(ctrl[fd], partial(self._forget, poller, fd))
             if waiting and (self._closing or self._stop_requested):
