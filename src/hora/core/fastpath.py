@@ -168,6 +168,11 @@ class MemberState:
         self.ready: dict[str, int] = {}
         self.other = False
         self.sent: set[str] = set()
+        # what a round waits on, made at the first round: the other members' data connections
+        # by descriptor, and a poll object over them, the control connections and the wake-up
+        self.peers: dict[int, tuple[int, Pair]] | None = None
+        self.poller: Any = None
+        self.ctrl: dict[int, int] = {}
 
 
 class DirectRounds:
@@ -346,52 +351,70 @@ class DirectRounds:
         comm = ms.comm
         headers: list[Any] = [None] * comm.size
         headers[comm.rank] = own
-        waiting: dict[int, tuple[int, Pair]] = {}
-        for p in range(comm.size):
-            if p != comm.rank:
-                pair = comm.pair(p)
-                try:
-                    pair.send_msg(mine)
-                except TransportError as e:
-                    raise self._peer_gone(comm.ranks[p]) from e
-                waiting[pair.fileno()] = (p, pair)
-        if not waiting:
+        peers = ms.peers
+        if peers is None:
+            peers = ms.peers = {}
+            for p in range(comm.size):
+                if p != comm.rank:
+                    pair = comm.pair(p)
+                    peers[pair.fileno()] = (p, pair)
+        for p, pair in peers.values():
+            try:
+                pair.send_msg(mine)
+            except TransportError as e:
+                raise self._peer_gone(comm.ranks[p]) from e
+        if not peers:
             return headers
-        poller = select.poll()
-        for fd in waiting:
-            poller.register(fd, select.POLLIN)
-        wake = self._wake_r.fileno()
-        poller.register(wake, select.POLLIN)
-        ctrl = {}
-        for peer, pair in self._ctrl.items():
-            if peer not in self._gone:
-                ctrl[pair.fileno()] = peer
-                poller.register(pair.fileno(), select.POLLIN)
+        poller = self._round_poller(ms)
+        waiting = dict(peers)
         since = time.monotonic()
         warned: float | None = None
-        while waiting:
-            for fd, _ in poller.poll(500.0):
-                if fd in waiting:
-                    p, pair = waiting.pop(fd)
-                    poller.unregister(fd)
-                    try:
-                        payload = pair.recv_msg()
-                    except TransportError as e:
-                        raise self._peer_gone(comm.ranks[p]) from e
-                    headers[p] = decode_header(payload, comm.ranks[p])
-                elif fd == wake:  # new work or a shutdown: the loop takes the queue after
-                    self._woken()
-                elif fd in ctrl:
-                    self._read_control(ctrl[fd], partial(self._forget, poller, fd))
-            if waiting and (self._closing or self._stop_requested):
-                return None
-            if waiting:
-                warned = self._direct_stall(ms, [comm.ranks[p] for p, _ in waiting.values()],
-                                            since, warned)
+        wake, ctrl = self._wake_r.fileno(), ms.ctrl
+        try:
+            while waiting:
+                for fd, _ in poller.poll(500.0):
+                    if fd in waiting:
+                        p, pair = waiting.pop(fd)
+                        poller.unregister(fd)  # its next round's header may come first
+                        try:
+                            payload = pair.recv_msg()
+                        except TransportError as e:
+                            raise self._peer_gone(comm.ranks[p]) from e
+                        headers[p] = decode_header(payload, comm.ranks[p])
+                    elif fd == wake:  # new work or a shutdown: the loop takes the queue after
+                        self._woken()
+                    elif fd in ctrl:
+                        self._read_control(ctrl[fd], partial(self._forget, ms, fd))
+                if waiting and (self._closing or self._stop_requested):
+                    return None
+                if waiting:
+                    missing = [comm.ranks[p] for p, _ in waiting.values()]
+                    warned = self._direct_stall(ms, missing, since, warned)
+        finally:
+            for fd in peers:
+                if fd not in waiting:
+                    poller.register(fd, select.POLLIN)
         return headers
 
-    def _forget(self, poller: Any, fd: int) -> None:
-        poller.unregister(fd)
+    def _round_poller(self, ms: MemberState) -> Any:
+        """The poll object a round waits on (made once per member): the other members' data
+        connections, this rank's control connections and the engine's wake-up socket."""
+        if ms.poller is None:
+            poller = select.poll()
+            for fd in ms.peers or ():
+                poller.register(fd, select.POLLIN)
+            poller.register(self._wake_r.fileno(), select.POLLIN)
+            ms.ctrl = {}
+            for peer, pair in self._ctrl.items():
+                if peer not in self._gone:
+                    ms.ctrl[pair.fileno()] = peer
+                    poller.register(pair.fileno(), select.POLLIN)
+            ms.poller = poller
+        return ms.poller
+
+    def _forget(self, ms: MemberState, fd: int) -> None:
+        """A control connection closed during a round: no poll object watches it again."""
+        ms.poller = None
         self._forgotten.append(fd)  # the loop's poll object: the engine thread's to change
 
     def _direct_stall(
