@@ -195,10 +195,7 @@ class GlooBackend:
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = (_BOOL_OPS if dtype == "bool" else _OPS)[op]
         src = self._tensor(send, dtype)
-        pieces, off = [], 0
-        for c in counts:
-            pieces.append(src[off : off + c])
-            off += c
+        pieces = split(src, counts)
         out = self._tensor(recv, dtype)
         self._group(comm).reduce_scatter([out], [pieces], opts).wait()
         self._done(out, recv)
@@ -267,3 +264,12 @@ class GlooBackend:
 
     def _done(self, t: torch.Tensor, buf: np.ndarray) -> None:
         """The collective wrote ``t``; make ``buf`` hold the result (shared: nothing to do)."""
+
+
+def split(t: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+    """``t`` cut into consecutive pieces of ``counts`` elements (views, no copies)."""
+    pieces, off = [], 0
+    for c in counts:
+        pieces.append(t[off : off + c])
+        off += c
+    return pieces

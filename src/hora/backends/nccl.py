@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from hora.backends.base import SetComm
-from hora.backends.gloo import _BOOL_OPS, _OPS, GlooBackend
+from hora.backends.gloo import _BOOL_OPS, _OPS, GlooBackend, split
 from hora.backends.registry import BackendContext
 from hora.collectives import registry
 
@@ -187,10 +187,7 @@ class NcclBackend(GlooBackend):
         opts.reduceOp = (_BOOL_OPS if dtype == "bool" else _OPS)[op]
         with self._on_stream(send, recv):
             src = self._device_view(send, dtype)
-            pieces, off = [], 0
-            for c in counts:
-                pieces.append(src[off : off + c])
-                off += c
+            pieces = split(src, counts)
             out = self._device_view(recv, dtype)
             self._group(comm).reduce_scatter([out], [pieces], opts).wait()
             self._result(out, recv)

@@ -5,8 +5,6 @@ engine. Each thread is joined with a timeout, so a hang fails the test."""
 from __future__ import annotations
 
 import os
-import secrets
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,26 +14,15 @@ import pytest
 
 pytest.importorskip("torch")
 
+from backend_ranks import run_two_ranks  # noqa: E402
+
 from hora.backends.base import SetComm  # noqa: E402
 from hora.backends.gloo import GlooBackend, StoreAdapter  # noqa: E402
 from hora.backends.registry import BackendContext  # noqa: E402
 from hora.collectives.reduce_ops import MAX, MIN, PRODUCT, SUM  # noqa: E402
 from hora.identity import Identity  # noqa: E402
 from hora.rendezvous.client import StoreClient  # noqa: E402
-from hora.rendezvous.server import RendezvousServer  # noqa: E402
 from hora.settings import load  # noqa: E402
-
-
-@pytest.fixture
-def store() -> Any:
-    secret = secrets.token_bytes(16)
-    server = RendezvousServer(secret, host="127.0.0.1")
-    port = server.start()
-    clients = [StoreClient("127.0.0.1", port, secret, timeout=10) for _ in range(2)]
-    yield clients
-    for c in clients:
-        c.close()
-    server.stop()
 
 
 @pytest.mark.timeout(30)
@@ -69,33 +56,14 @@ def _loop_nices() -> list[int]:
 
 def _two_ranks(store: list[StoreClient], work: Callable[[GlooBackend, SetComm], Any]) -> list[Any]:
     """Run ``work`` on ranks 0 and 1 at once; their results, or the first error."""
-    results: list[Any] = [None, None]
-    errors: list[BaseException] = []
 
-    def rank(r: int) -> None:
-        try:
-            me = Identity(rank=r, size=2, local_rank=r, local_size=2)
-            ctx = BackendContext(me, load({"HORA_GLOO_TIMEOUT_SECONDS": "10"}), store[r], None,
-                                 "test")  # fmt: skip
-            backend = GlooBackend(ctx)
-            backend.add_process_set(0, [0, 1])
-            backend.add_process_set(1, [1])  # a set rank 0 is not in
-            try:
-                results[r] = work(backend, SetComm([0, 1], r, None, 0))  # type: ignore[arg-type]
-            finally:
-                backend.close()
-        except BaseException as e:
-            errors.append(e)
+    def make(ctx: BackendContext) -> GlooBackend:
+        backend = GlooBackend(ctx)
+        backend.add_process_set(0, [0, 1])
+        backend.add_process_set(1, [1])  # a set rank 0 is not in
+        return backend
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(25)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
-    return results
+    return run_two_ranks(store, make, work)
 
 
 @pytest.mark.timeout(60)

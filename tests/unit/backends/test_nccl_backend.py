@@ -7,7 +7,6 @@ checked against the CPU result."""
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from backend_ranks import run_two_ranks
 
 from hora.backends import nccl
 from hora.backends.base import SetComm
@@ -25,7 +25,6 @@ from hora.backends.registry import BackendContext
 from hora.collectives.reduce_ops import MAX, MIN, SUM
 from hora.identity import Identity
 from hora.rendezvous.client import StoreClient
-from hora.rendezvous.server import RendezvousServer
 from hora.settings import load
 
 NO_GPU = "needs a CUDA GPU with NCCL: torch.cuda.is_available() is False here " \
@@ -95,47 +94,14 @@ def cpu_backend(ctx: BackendContext, fake: FakeStreams) -> NcclBackend:
     return b
 
 
-@pytest.fixture
-def store() -> Iterator[list[StoreClient]]:
-    secret = secrets.token_bytes(16)
-    server = RendezvousServer(secret, host="127.0.0.1")
-    port = server.start()
-    clients = [StoreClient("127.0.0.1", port, secret, timeout=10) for _ in range(2)]
-    yield clients
-    for c in clients:
-        c.close()
-    server.stop()
-
-
 def two_ranks(store: list[StoreClient], fake: FakeStreams,
               work: Callable[[NcclBackend, SetComm], Any]) -> list[Any]:  # fmt: skip
-    results: list[Any] = [None, None]
-    errors: list[BaseException] = []
+    def make(ctx: BackendContext) -> NcclBackend:
+        b = cpu_backend(ctx, fake)
+        b.add_process_set(0, [0, 1])
+        return b
 
-    def rank(r: int) -> None:
-        try:
-            me = Identity(rank=r, size=2, local_rank=r, local_size=2)
-            ctx = BackendContext(me, load({"HORA_GLOO_TIMEOUT_SECONDS": "10"}), store[r], None,
-                                 "test")  # fmt: skip
-            b = cpu_backend(ctx, fake)
-            b.add_process_set(0, [0, 1])
-            try:
-                results[r] = work(b, SetComm([0, 1], r, None, 0))  # type: ignore[arg-type]
-            finally:
-                b.close()
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=rank, args=(r,), name=f"r{r}", daemon=True)
-               for r in range(2)]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(25)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
-    return results
+    return run_two_ranks(store, make, work)
 
 
 def battery(b: NcclBackend, comm: SetComm, wrap: Callable[[np.ndarray], Any],
