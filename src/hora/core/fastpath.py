@@ -161,7 +161,7 @@ class MemberState:
         self.epoch = 0
         self.table: dict[str, TensorEntry] = {}
         self.joined = False
-        # direct mode (hora.core.fastpath): the cache ids of the tensors waiting for a round,
+        # direct mode: the cache ids of the tensors waiting for a round,
         # by table key in submission order; ``other``: something waits that a round cannot
         # settle; ``sent``: table keys already asked of the coordinator
         self.direct = DirectMode()
@@ -233,7 +233,6 @@ class DirectRounds:
         if ms.table or self._inline_error is not None or self._stop_requested or self._closing:
             self._wake()  # the engine thread goes on with what is left
         return True
-
 
     def _hold(self, ms: MemberState, entries: list[TensorEntry]) -> None:
         """Direct mode's drain: entries wait in the table for the next round."""
