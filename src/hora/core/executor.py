@@ -30,6 +30,16 @@ class TensorEntry:
     output: np.ndarray | None  # caller-provided output (may be ``array`` for in-place)
     complete: Any  # callable(result) -> None
     fail: Any  # callable(exc) -> None
+    # callable() -> None that waits until ``array`` holds the data (a device's copy into it may
+    # still be in flight); called once, just before the engine first reads ``array``
+    ready: Any = None
+
+
+def _arrived(entry: TensorEntry | None) -> None:
+    """Wait for ``entry``'s data if it may still be arriving (see ``TensorEntry.ready``)."""
+    if entry is not None and entry.ready is not None:
+        wait, entry.ready = entry.ready, None
+        wait()
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -79,6 +89,7 @@ class Executor:
     @staticmethod
     def _input(spec: TensorSpec, entry: TensorEntry | None) -> np.ndarray:
         req = spec.request
+        _arrived(entry)
         if entry is None or entry.array is None:  # joined rank: contributes zeros
             return np.zeros(_numel(req.shape), dtype=storage_dtype(req.dtype))
         return entry.array.reshape(-1)
@@ -203,6 +214,7 @@ class Executor:
         if (req.op != OpType.ALLREDUCE or req.nbytes > EXCHANGE_MAX_BYTES
                 or entry.array is None or not getattr(self.backend, "native", False)):
             return None
+        _arrived(entry)
         buf = entry.array.reshape(-1).copy()
         scale(buf, req.dtype, req.prescale)
         return buf
@@ -231,6 +243,7 @@ class Executor:
 
     def allgather(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> np.ndarray:
         req = spec.request
+        _arrived(entry)
         assert spec.first_dims is not None and entry.array is not None
         row = _numel(req.shape[1:])
         counts = [d * row for d in spec.first_dims]
@@ -242,6 +255,7 @@ class Executor:
 
     def broadcast(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> np.ndarray:
         req = spec.request
+        _arrived(entry)
         assert entry.array is not None
         root = comm.ranks.index(req.root)
         out = entry.output if entry.output is not None else np.empty_like(entry.array)
@@ -256,6 +270,7 @@ class Executor:
         self, comm: SetComm, spec: TensorSpec, entry: TensorEntry
     ) -> tuple[np.ndarray, np.ndarray]:
         req = spec.request
+        _arrived(entry)
         m = spec.split_matrix
         assert m is not None and entry.array is not None
         row = _numel(req.shape[1:])
@@ -275,6 +290,7 @@ class Executor:
 
     def reducescatter(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> np.ndarray:
         req = spec.request
+        _arrived(entry)
         assert entry.array is not None
         rows = reducescatter_counts(req.shape[0], comm.size)
         row = _numel(req.shape[1:])

@@ -24,7 +24,9 @@ from hora.dtypes import name_of, storage_dtype
 _OPS = {AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT}
 
 _handles = HandleTable()
-_caller = threading.local()  # ``waits``: set while a blocking form submits (see caller_waits)
+# ``waits``: set while a blocking form submits (caller_waits); ``ready``: the next submission's
+# wait for data still arriving (engine_waits)
+_caller = threading.local()
 
 Finalize = Callable[[Any], Any] | None
 
@@ -103,6 +105,11 @@ def _submit(
     keys = [(ps_id, r.match) for r in requests]
     in_flight.claim(keys, [r.op.name.lower() for r in requests])
     entries = _entries(keys, requests, arrays, outputs, handle, grouped)
+    ready = getattr(_caller, "ready", None)
+    if ready is not None:
+        _caller.ready = None
+        for entry, wait in zip(entries, ready):
+            entry.ready = wait
     _handles.add(handle)
     rt.engine.enqueue(ps_id, entries, getattr(_caller, "waits", False))
     return handle
@@ -117,6 +124,22 @@ class caller_waits:  # noqa: N801 - used as a statement: ``with caller_waits(): 
 
     def __exit__(self, *exc: object) -> None:
         _caller.waits = False
+
+
+class engine_waits:  # noqa: N801 - used as a statement: ``with engine_waits(...): ...``
+    """Around the submission of arrays a device is still filling (a CUDA tensor's copy into
+    pinned memory in flight): ``ready[i]`` waits until array ``i`` holds its data. The engine
+    calls it just before it first reads that array, in the thread that runs the op, so the
+    caller does not wait."""
+
+    def __init__(self, ready: Sequence[Callable[[], None] | None]) -> None:
+        self.ready = list(ready)
+
+    def __enter__(self) -> None:
+        _caller.ready = self.ready
+
+    def __exit__(self, *exc: object) -> None:
+        _caller.ready = None
 
 
 def _entries(

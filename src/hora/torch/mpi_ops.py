@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,7 @@ from hora.core.process_sets import ProcessSet  # Horovod's scripts import it fro
 from hora.errors import HoraInternalError, HorovodInternalError
 from hora.frameworks import ops
 from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum
+from hora.frameworks.submit import engine_waits
 from hora.torch.adapter import Staged, stage, to_tensor, write_back
 
 
@@ -68,19 +70,30 @@ def reduce_op(average: bool | None, op: int | None) -> int:
     return Average if op is None else op
 
 
+def _waits(staged: Sequence[Staged]) -> Any:
+    """Around a submission of ``staged`` tensors staged with ``defer=True``: the engine waits
+    for their copies to pinned memory (CUDA tensors) just before it reads them, not the
+    caller; nothing to wait for with CPU tensors."""
+    ready = [s.ready if s.event is not None else None for s in staged]
+    return engine_waits(ready) if any(r is not None for r in ready) else nullcontext()
+
+
 def _new(like: torch.Tensor) -> Callable[[np.ndarray], torch.Tensor]:
     return lambda out: to_tensor(out, like)
 
 
-def _stage_group(tensors: Sequence[torch.Tensor]) -> tuple[list[Staged], list[np.ndarray], Any]:
-    """Stage a group; the arrays and the one ``dtype=`` override to pass for all of them."""
+def _stage_group(
+    tensors: Sequence[torch.Tensor], defer: bool = False
+) -> tuple[list[Staged], list[np.ndarray], Any]:
+    """Stage a group; the arrays and the one ``dtype=`` override to pass for all of them
+    (``defer``: as :func:`stage`'s, the submission then goes under :func:`_waits`)."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped operations need at least one tensor")
     devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
         raise ValueError(f"all tensors of a group must be on the same device, got {devices}")
-    staged = [stage(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    staged = [stage(t, f"tensors[{i}]", defer=defer) for i, t in enumerate(tensors)]
     overrides = {s.dtype for s in staged}
     if len(overrides) == 1:
         return staged, [s.array for s in staged], overrides.pop()
@@ -110,18 +123,19 @@ def allreduce_async(
 ) -> Handle:
     """Start reducing ``tensor`` over the set; the handle's result is a new tensor."""
     op = reduce_op(average, op)
-    s = stage(tensor)
-    return ops.allreduce_async(
-        s.array,
-        name=name,
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-        dtype=s.dtype,
-        finalize=_new(tensor),
-        priority=priority,
-    )
+    s = stage(tensor, defer=True)
+    with _waits([s]):
+        return ops.allreduce_async(
+            s.array,
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
+            dtype=s.dtype,
+            finalize=_new(tensor),
+            priority=priority,
+        )
 
 
 def allreduce_async_(
@@ -136,19 +150,20 @@ def allreduce_async_(
 ) -> Handle:
     """Start reducing ``tensor`` in place; the handle's result is ``tensor`` itself."""
     op = reduce_op(average, op)
-    s = stage(tensor)
-    return ops.allreduce_async(
-        s.array,
-        name=name,
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-        output=s.array,
-        dtype=s.dtype,
-        finalize=lambda out: write_back(s, out),
-        priority=priority,
-    )
+    s = stage(tensor, defer=True)
+    with _waits([s]):
+        return ops.allreduce_async(
+            s.array,
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
+            output=s.array,
+            dtype=s.dtype,
+            finalize=lambda out: write_back(s, out),
+            priority=priority,
+        )
 
 
 def allreduce_(
@@ -181,19 +196,20 @@ def grouped_allreduce_async(
 ) -> Handle:
     """Start reducing a list of tensors as one unit; the result is a list of new tensors."""
     op = reduce_op(average, op)
-    staged, arrays, dtype = _stage_group(tensors)
+    staged, arrays, dtype = _stage_group(tensors, defer=True)
     likes = [s.tensor for s in staged]
-    return ops.grouped_allreduce_async(
-        arrays,
-        name=name,
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-        dtype=dtype,
-        finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
-        priority=priority,
-    )
+    with _waits(staged):
+        return ops.grouped_allreduce_async(
+            arrays,
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
+            dtype=dtype,
+            finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+            priority=priority,
+        )
 
 
 def grouped_allreduce_async_(
@@ -208,19 +224,20 @@ def grouped_allreduce_async_(
 ) -> Handle:
     """Start reducing a list of tensors in place; the result is the same list of tensors."""
     op = reduce_op(average, op)
-    staged, arrays, dtype = _stage_group(tensors)
-    return ops.grouped_allreduce_async(
-        arrays,
-        name=name,
-        op=op,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        process_set=process_set,
-        outputs=arrays,
-        dtype=dtype,
-        finalize=lambda outs: [write_back(s, o) for s, o in zip(staged, outs)],
-        priority=priority,
-    )
+    staged, arrays, dtype = _stage_group(tensors, defer=True)
+    with _waits(staged):
+        return ops.grouped_allreduce_async(
+            arrays,
+            name=name,
+            op=op,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            process_set=process_set,
+            outputs=arrays,
+            dtype=dtype,
+            finalize=lambda outs: [write_back(s, o) for s, o in zip(staged, outs)],
+            priority=priority,
+        )
 
 
 def grouped_allreduce_(
