@@ -28,6 +28,7 @@ from hora.core.messages import (
     bits_decode,
 )
 from hora.core.response_cache import ResponseCache
+from hora.core.stall import missing_line
 
 log = logging.getLogger("hora.controller")
 
@@ -420,10 +421,8 @@ class Coordinator:
                     if srank not in pend.requests and srank not in st.joined:
                         missing.setdefault(st.ranks[srank], []).append(name)
             for rank, names in sorted(missing.items()):
-                shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
-                lines.append(
-                    f"{rank}: [{shown}]" + (f" (process set {st.ps_id})" if st.ps_id else "")
-                )
+                line = missing_line(rank, names)
+                lines.append(line + (f" (process set {st.ps_id})" if st.ps_id else ""))
         return lines
 
     def oldest_wait(self, now: float | None = None) -> float:

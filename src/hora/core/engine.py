@@ -33,7 +33,7 @@ from hora.core.controller import Coordinator, decode_responses
 from hora.core.executor import Executor, TensorEntry
 from hora.core.fastpath import DirectRounds, MemberState
 from hora.core.handles import shut_down_error
-from hora.core.hang_report import STALL_MESSAGE, HangReport, stacks_message
+from hora.core.hang_report import HangReport, stacks_message
 from hora.core.messages import (
     CACHEABLE,
     OpType,
@@ -43,12 +43,12 @@ from hora.core.messages import (
     encode,
     table_key,
 )
+from hora.core.stall import StallInspector
 from hora.errors import HoraInternalError, TransportError
 from hora.settings import Settings
 from hora.transport.base import CONTROL, Pair, Transport
 
 log = logging.getLogger("hora.engine")
-
 
 
 class _Stop(Exception):
@@ -117,12 +117,10 @@ class Engine(DirectRounds):
         # how a rank left, as its launcher saw it ("exited with code 0"): set by the runtime
         self.departure: Callable[[int, float], str | None] | None = None
         self._stopped = threading.Event()
-        self._last_stall_warn = 0.0
         # counters for tests and debugging: requests sent in full or as cache bits, responses
         # executed, tensors that travelled inside a fused response
         self.stats = {"requests_full": 0, "requests_cached": 0, "responses": 0, "fused": 0,
                       "direct_rounds": 0, "direct_exits": 0}
-        self._poller: Any = None  # the loop's poll object (a round stops watching a peer too)
         # The turn: held by whichever thread does the engine's work, the engine thread or a
         # caller running its own op in direct mode (enqueue(inline=True)); never both.
         self._turn = threading.Lock()
@@ -130,9 +128,12 @@ class Engine(DirectRounds):
         self._inline_error: BaseException | None = None  # a caller's failure, for the loop
         self._forgotten: list[int] = []  # connections a caller stopped watching
         self._deadline = 0.0  # rank 0: when it stops waiting for the others' goodbyes
-        self._last_stall_check = 0.0
         self._thread = threading.Thread(target=self._main, name="hora-engine", daemon=True)
         self._hang = HangReport(self._thread, self._send_ctrl) if rank == 0 else None
+        self._stall = (
+            None if self.coordinator is None
+            else StallInspector(settings, self.coordinator, self._hang)
+        )
 
     # -- user-thread API --------------------------------------------------------------------
     def start(self) -> None:
@@ -288,7 +289,7 @@ class Engine(DirectRounds):
 
     def _loop(self) -> None:
         # a bare poll (no selectors layer): the loop runs once or twice per op
-        poller = self._poller = select.poll()
+        poller = select.poll()
         wake = self._wake_r.fileno()
         poller.register(wake, select.POLLIN)
         peers = {}
@@ -343,8 +344,8 @@ class Engine(DirectRounds):
             self.rank != 0 or len(self._gone) >= self.size - 1 or time.monotonic() > self._deadline
         ):
             raise _Stop()
-        if self.coordinator is not None:
-            self._stall_check()
+        if self._stall is not None:
+            self._stall.check()
 
     def _read_control(self, peer: int, forget: Callable[[], None]) -> None:
         """Handle one message from ``peer``; ``forget`` stops watching its connection."""
@@ -358,10 +359,7 @@ class Engine(DirectRounds):
                 if peer == 0:
                     self._closing = True
                 return
-            raise _PeerGone(
-                f"rank {peer} exited or was killed (its connection to rank {self.rank} closed)",
-                peer,
-            ) from None
+            raise self._peer_gone(peer) from None
         kind = msg["t"]
         if kind == "req" and self.coordinator is not None:
             self._on_requests(peer, msg)
@@ -591,49 +589,6 @@ class Engine(DirectRounds):
         for pair in self._ctrl.values():
             with contextlib.suppress(Exception):  # the peer may be the one that died
                 pair.send_msg(data)
-
-    def _stall_check(self) -> None:
-        s = self.settings
-        if s.stall_check_disable or self.coordinator is None:
-            return
-        now = time.monotonic()
-        if now - self._last_stall_check < 0.5:
-            return
-        self._last_stall_check = now
-        oldest = self.coordinator.oldest_wait(now)
-        shut = 0 < s.stall_shutdown_time_seconds <= oldest
-        warn = (
-            oldest >= s.stall_check_time_seconds
-            and now - self._last_stall_warn >= s.stall_check_time_seconds
-        )
-        if self._hang is not None and self._hang_pending(oldest, now, shut):
-            return
-        if not (shut or warn):
-            return
-        after = min(s.stall_check_time_seconds, s.stall_shutdown_time_seconds or float("inf"))
-        lines = self.coordinator.stalled(after, now)
-        text = STALL_MESSAGE.format(secs=after, lines="\n".join(lines))
-        if shut and self._hang is not None and self._hang.text:
-            text += "\n" + self._hang.text
-        if shut:
-            raise HoraInternalError(
-                text + f"\nStalled for more than "
-                f"{s.stall_shutdown_time_seconds:.0f} seconds: shutting "
-                "down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)."
-            )
-        self._last_stall_warn = now
-        log.warning(text)
-
-
-    def _hang_pending(self, oldest: float, now: float, shut: bool) -> bool:
-        """Feed the hang report (rank 0); True while a stall shutdown waits for its stacks."""
-        assert self._hang is not None
-        s = self.settings
-        after = min(s.stall_check_time_seconds, s.stall_shutdown_time_seconds or float("inf"))
-        if oldest < after:
-            self._hang.reset()
-            return False
-        return not self._hang.poll(self.coordinator, after, now) and shut
 
     def _send_ctrl(self, rank: int, msg: dict[str, Any]) -> None:
         self._ctrl[rank].send_msg(encode(msg))

@@ -46,9 +46,9 @@ from typing import Any
 from hora.backends.base import SetComm
 from hora.core.controller import Coordinator, fuse
 from hora.core.executor import Executor, TensorEntry
-from hora.core.hang_report import STALL_MESSAGE
 from hora.core.messages import CACHEABLE, OpType, Response, TensorSpec, table_key
 from hora.core.response_cache import ResponseCache
+from hora.core.stall import STALL_MESSAGE, missing_line, shutdown_error
 from hora.errors import HoraInternalError, TransportError
 from hora.settings import Settings
 from hora.transport.base import Pair
@@ -427,14 +427,10 @@ class DirectRounds:
         if s.stall_check_disable or now - since < s.stall_check_time_seconds:
             return warned
         names = [e.spec_request.name for e in ms.table.values()]
-        shown = ", ".join(names[:6]) + (" ..." if len(names) > 6 else "")
-        lines = "\n".join(f"{r}: [{shown}]" for r in missing)
+        lines = "\n".join(missing_line(r, names) for r in missing)
         text = STALL_MESSAGE.format(secs=s.stall_check_time_seconds, lines=lines)
         if 0 < s.stall_shutdown_time_seconds <= now - since:
-            raise HoraInternalError(
-                text + f"\nStalled for more than {s.stall_shutdown_time_seconds:.0f} seconds: "
-                "shutting down (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)."
-            )
+            raise shutdown_error(text, s)
         if warned is None or now - warned >= s.stall_check_time_seconds:
             log.warning(text)
             return now

@@ -80,14 +80,6 @@ def waiting(
     return out
 
 
-STALL_MESSAGE = (
-    "One or more tensors were submitted to be reduced, gathered or broadcasted by subset of "
-    "ranks and are waiting for remainder of ranks for more than {secs:.0f} seconds. This may "
-    "indicate that different ranks are trying to submit different tensors or that only subset "
-    "of ranks is submitting tensors, which will cause deadlock.\nMissing ranks:\n{lines}"
-)
-
-
 class HangReport:
     """Rank 0's side: ask, collect, log once. ``send(rank, message)`` reaches a rank's engine."""
 
