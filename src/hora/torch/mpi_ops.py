@@ -111,6 +111,38 @@ def _stage_group(
 
 
 # -- allreduce ------------------------------------------------------------------------------
+def _allreduce(
+    staged: Sequence[Staged],
+    arrays: list[np.ndarray],
+    dtype: str | None,
+    grouped: bool,
+    in_place: bool,
+    finalize: Callable[[Any], Any],
+    name: str | None,
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    priority: int,
+) -> Handle:
+    """The four async allreduces' submission: one tensor or a group, into new tensors or in
+    place; the engine waits for any device copy still landing (:func:`_waits`)."""
+    kw: dict[str, Any] = {
+        "name": name,
+        "op": op,
+        "prescale_factor": prescale_factor,
+        "postscale_factor": postscale_factor,
+        "process_set": process_set,
+        "dtype": dtype,
+        "finalize": finalize,
+        "priority": priority,
+    }
+    with _waits(staged):
+        if grouped:
+            return ops.grouped_allreduce_async(arrays, outputs=arrays if in_place else None, **kw)
+        return ops.allreduce_async(arrays[0], output=arrays[0] if in_place else None, **kw)
+
+
 def allreduce_async(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -124,18 +156,9 @@ def allreduce_async(
     """Start reducing ``tensor`` over the set; the handle's result is a new tensor."""
     op = reduce_op(average, op)
     s = stage(tensor, defer=True)
-    with _waits([s]):
-        return ops.allreduce_async(
-            s.array,
-            name=name,
-            op=op,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
-            process_set=process_set,
-            dtype=s.dtype,
-            finalize=_new(tensor),
-            priority=priority,
-        )
+    return _allreduce([s], [s.array], s.dtype, False, False, _new(tensor), name,
+                      op, prescale_factor, postscale_factor, process_set,
+                      priority)  # fmt: skip
 
 
 def allreduce_async_(
@@ -151,19 +174,9 @@ def allreduce_async_(
     """Start reducing ``tensor`` in place; the handle's result is ``tensor`` itself."""
     op = reduce_op(average, op)
     s = stage(tensor, defer=True)
-    with _waits([s]):
-        return ops.allreduce_async(
-            s.array,
-            name=name,
-            op=op,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
-            process_set=process_set,
-            output=s.array,
-            dtype=s.dtype,
-            finalize=lambda out: write_back(s, out),
-            priority=priority,
-        )
+    return _allreduce([s], [s.array], s.dtype, False, True, lambda out: write_back(s, out),
+                      name, op, prescale_factor, postscale_factor,
+                      process_set, priority)  # fmt: skip
 
 
 def allreduce_(
@@ -198,18 +211,10 @@ def grouped_allreduce_async(
     op = reduce_op(average, op)
     staged, arrays, dtype = _stage_group(tensors, defer=True)
     likes = [s.tensor for s in staged]
-    with _waits(staged):
-        return ops.grouped_allreduce_async(
-            arrays,
-            name=name,
-            op=op,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
-            process_set=process_set,
-            dtype=dtype,
-            finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
-            priority=priority,
-        )
+    return _allreduce(staged, arrays, dtype, True, False,
+                      lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)], name,
+                      op, prescale_factor, postscale_factor, process_set,
+                      priority)  # fmt: skip
 
 
 def grouped_allreduce_async_(
@@ -225,19 +230,10 @@ def grouped_allreduce_async_(
     """Start reducing a list of tensors in place; the result is the same list of tensors."""
     op = reduce_op(average, op)
     staged, arrays, dtype = _stage_group(tensors, defer=True)
-    with _waits(staged):
-        return ops.grouped_allreduce_async(
-            arrays,
-            name=name,
-            op=op,
-            prescale_factor=prescale_factor,
-            postscale_factor=postscale_factor,
-            process_set=process_set,
-            outputs=arrays,
-            dtype=dtype,
-            finalize=lambda outs: [write_back(s, o) for s, o in zip(staged, outs)],
-            priority=priority,
-        )
+    return _allreduce(staged, arrays, dtype, True, True,
+                      lambda outs: [write_back(s, o) for s, o in zip(staged, outs)], name,
+                      op, prescale_factor, postscale_factor, process_set,
+                      priority)  # fmt: skip
 
 
 def grouped_allreduce_(
