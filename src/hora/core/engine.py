@@ -35,13 +35,11 @@ from hora.core.fastpath import DirectRounds, MemberState
 from hora.core.handles import shut_down_error
 from hora.core.hang_report import HangReport, stacks_message
 from hora.core.messages import (
-    CACHEABLE,
     OpType,
     Response,
     bits_encode,
     decode,
     encode,
-    table_key,
 )
 from hora.core.stall import StallInspector
 from hora.errors import HoraInternalError, TransportError
@@ -405,20 +403,11 @@ class Engine(DirectRounds):
                 self._hold(ms, entries)
                 continue
             full, hits = by_set.setdefault(ps_id, ([], []))
-            table, hit, srank = ms.table, ms.cache.hit, ms.comm.rank
             for e in entries:
+                cid = ms.take(e)
                 req = e.spec_request
-                op = req.op
-                if op in CACHEABLE:  # the steady state: one table entry, one cache lookup
-                    table[req.match] = e
-                    cid = hit(req, srank)
-                else:
-                    if op == OpType.JOIN:
-                        ms.joined = True
-                    table[table_key(req)] = e
-                    cid = None
                 if tl is not None:
-                    tl.negotiate_start(req.name, op.name)
+                    tl.negotiate_start(req.name, req.op.name)
                 if cid is None:
                     full.append(req.to_wire())
                 else:

@@ -49,7 +49,7 @@ from hora.core.executor import Executor, TensorEntry
 from hora.core.messages import CACHEABLE, OpType, Response, TensorSpec, table_key
 from hora.core.response_cache import ResponseCache
 from hora.core.stall import STALL_MESSAGE, missing_line, shutdown_error
-from hora.errors import HoraInternalError, TransportError
+from hora.errors import TransportError
 from hora.settings import Settings
 from hora.transport.base import Pair
 
@@ -174,6 +174,18 @@ class MemberState:
         self.poller: Any = None
         self.ctrl: dict[int, int] = {}
 
+    def take(self, entry: TensorEntry) -> int | None:
+        """Put a submitted entry in the table; its cache id, or None (a miss, or an op that is
+        never cached: barrier, join, process-set changes)."""
+        req = entry.spec_request
+        if req.op in CACHEABLE:  # the steady state: one table entry, one cache lookup
+            self.table[req.match] = entry
+            return self.cache.hit(req, self.comm.rank)
+        if req.op == OpType.JOIN:
+            self.joined = True
+        self.table[table_key(req)] = entry
+        return None
+
 
 class DirectRounds:
     """The engine's side of direct mode (a mixin of :class:`~hora.core.engine.Engine`, whose
@@ -236,22 +248,14 @@ class DirectRounds:
 
     def _hold(self, ms: MemberState, entries: list[TensorEntry]) -> None:
         """Direct mode's drain: entries wait in the table for the next round."""
-        table, hit, srank, ready = ms.table, ms.cache.hit, ms.comm.rank, ms.ready
         tl = self.timeline
         for e in entries:
+            cid = ms.take(e)
             req = e.spec_request
-            if req.op in CACHEABLE:
-                table[req.match] = e
-                cid = hit(req, srank)
-                if cid is None:
-                    ms.other = True
-                else:
-                    ready[req.match] = cid
-            else:
-                if req.op == OpType.JOIN:
-                    ms.joined = True
-                table[table_key(req)] = e
+            if cid is None:
                 ms.other = True
+            else:
+                ms.ready[req.match] = cid
             if tl is not None:
                 tl.negotiate_start(req.name, req.op.name)
 
@@ -268,14 +272,12 @@ class DirectRounds:
         self.stats["direct_exits"] += 1
         full: list[Any] = []
         hits: list[int] = []
-        hit, srank = ms.cache.hit, ms.comm.rank
         for key, e in ms.table.items():
             if key in ms.sent:
                 continue
-            req = e.spec_request
-            cid = hit(req, srank) if req.op in CACHEABLE else None
+            cid = ms.ready.get(key)  # the cache is as it was when the entry was held
             if cid is None:
-                full.append(req.to_wire())
+                full.append(e.spec_request.to_wire())
             else:
                 hits.append(cid)
         ms.sent, ms.ready, ms.other = set(), {}, False
@@ -287,7 +289,7 @@ class DirectRounds:
         self.stats["direct_rounds"] += 1
         ids = list(ms.ready.values())
         flags = OTHER if ms.other else 0
-        mine = None
+        mine = spec = None
         if len(ids) == 1 and not flags and ms.comm.size == 2:  # the data may come along
             key = next(iter(ms.ready))
             spec = ms.cache.get(ids[0])
@@ -299,10 +301,10 @@ class DirectRounds:
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
         if headers is None:  # this rank is shutting down: the loop goes on to do so
             return
-        if mine is not None:
+        if mine is not None and spec is not None:
             theirs = headers[1 - ms.comm.rank]
             if theirs[0] & DATA and theirs[1] == ids:  # both sent the same tensor's input
-                self._exchanged(ms, key, ids[0], mine, theirs[2])
+                self._exchanged(ms, key, ids[0], spec, mine, theirs[2])
                 return
         chosen = ms.direct.decide(headers)
         plan = None if chosen is None else ms.direct.plan(chosen, ms.cache)
@@ -323,11 +325,10 @@ class DirectRounds:
             if mirror is not None:
                 mirror.touch(cid)
 
-    def _exchanged(self, ms: MemberState, key: str, cid: int, mine: Any, theirs: bytes) -> None:
+    def _exchanged(
+        self, ms: MemberState, key: str, cid: int, spec: TensorSpec, mine: Any, theirs: bytes
+    ) -> None:
         """Finish a tensor whose inputs travelled in the round's headers."""
-        spec = ms.cache.get(cid)
-        if spec is None:  # exchange_input had it a moment ago
-            raise HoraInternalError(f"cache entry {cid} vanished during a round")
         entry = ms.table[key]
         del ms.ready[key]
         self._touch(ms, [cid])
