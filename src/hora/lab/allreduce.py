@@ -3,7 +3,10 @@
 For each backend (hora, torch.distributed Gloo, mpi4py on Open MPI) this module starts a fresh
 set of worker processes on this host (:mod:`hora.lab.workers`), lets them time float32 Sum
 allreduces of every size, and collects rank 0's numbers: median and p90 latency, and bus
-bandwidth. A backend that cannot run here is reported as skipped, with the reason. The Python
+bandwidth. A backend that cannot run here is reported as skipped, with the reason. With
+``device="cuda"`` (``--device cuda``) the buffers are CUDA tensors and the backends are those of
+:data:`hora.lab.gpu.CUDA_BACKENDS` (hora on NCCL, hora staged through pinned memory,
+torch.distributed's NCCL), one GPU per rank. The Python
 API is :func:`run_allreduce_bench`; the command line only turns argv into an
 :class:`AllreduceBenchConfig`.
 
@@ -34,14 +37,22 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from hora.lab import envreport, report
+from hora.lab import envreport, gpu, report
 
 log = logging.getLogger("hora.lab")
 
 BACKENDS = ("hora", "hora-tcp", "gloo", "mpi")
 DEFAULT_BACKENDS = ("hora", "gloo", "mpi")
-# hora's variants: extra environment for its workers (hora-tcp: no shared memory between ranks)
-HORA_VARIANTS: dict[str, dict[str, str]] = {"hora": {}, "hora-tcp": {"HORA_SHM_DISABLE": "1"}}
+# the backends each --device offers, and those it runs by default
+DEVICE_BACKENDS = {"cpu": (BACKENDS, DEFAULT_BACKENDS), "cuda": (gpu.CUDA_BACKENDS,) * 2}
+# hora's variants: extra environment for its workers (hora-tcp: no shared memory between ranks;
+# the CUDA ones choose hora's backend)
+HORA_VARIANTS: dict[str, dict[str, str]] = {
+    "hora": {},
+    "hora-tcp": {"HORA_SHM_DISABLE": "1"},
+    **gpu.HORA_CUDA_VARIANTS,
+}
+TORCH_PEERS = ("gloo", "nccl")  # started with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE
 DEFAULT_SIZES = [4 * 4**k * 1024 for k in range(0, 9, 2)]  # 4 KiB, 64 KiB, 1 MiB, 16, 256 MiB
 ENGINE_COST_MIN_BYTES = 1 << 20
 EXAMPLES = """examples:
@@ -52,6 +63,10 @@ EXAMPLES = """examples:
                                             4 ranks, best of 3 rounds, files to keep
   HOROVOD_FUSION_THRESHOLD=0 hora bench allreduce --backends hora
                                             knobs in the environment reach hora's ranks
+  hora bench allreduce --device cuda        CUDA tensors: hora on NCCL, hora staged through
+                                            pinned memory, torch's NCCL; one rank per GPU
+  hora bench allreduce --device cuda --np 1 --sizes 4K,1M,64M --json gpu.json
+                                            one GPU: each call's cost, no link crossed
 
 Compare ratios within one run: the title names this machine's memory copy speed now."""
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -77,11 +92,13 @@ def parse_sizes(text: str) -> list[int]:
     return sorted({parse_size(p) for p in parts})
 
 
-def parse_backends(text: str) -> list[str]:
+def parse_backends(text: str, device: str = "cpu") -> list[str]:
+    known = DEVICE_BACKENDS[device][0]
     names = [p.strip().lower() for p in text.split(",") if p.strip()]
-    unknown = [n for n in names if n not in BACKENDS]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ValueError(f"--backends {text!r}: choose from {', '.join(BACKENDS)}")
+        on = f" with --device {device}" if device != "cpu" else ""
+        raise ValueError(f"--backends {text!r}: choose from {', '.join(known)}{on}")
     return list(dict.fromkeys(names))
 
 
@@ -106,9 +123,24 @@ class AllreduceBenchConfig:
     csv: str | None = None
     json: str | None = None
     plot: str | None = None
+    device: str = "cpu"  # cuda: CUDA tensors, gpu.CUDA_BACKENDS, one GPU per rank
 
     def __post_init__(self) -> None:
-        if self.np < 2:
+        if self.device not in DEVICE_BACKENDS:
+            raise ValueError(f"--device {self.device!r}: choose from {', '.join(DEVICE_BACKENDS)}")
+        if self.device == "cuda":
+            if self.np < 1:
+                raise ValueError(f"--np must be at least 1, got {self.np}")
+            if self.engine_cost:
+                raise ValueError(
+                    "--engine-cost times hora's engine on host buffers: not with --device cuda"
+                )
+            wrong = [b for b in self.backends if b not in gpu.CUDA_BACKENDS]
+            if wrong:
+                raise ValueError(
+                    f"--device cuda runs {', '.join(gpu.CUDA_BACKENDS)}, not {', '.join(wrong)}"
+                )
+        elif self.np < 2:
             raise ValueError(f"--np must be at least 2 for an allreduce benchmark, got {self.np}")
         if self.iters is not None and self.iters < 1:
             raise ValueError(f"--iters must be at least 1, got {self.iters}")
@@ -126,6 +158,7 @@ class AllreduceBenchConfig:
         small = self.iters or 1000
         return {
             "label": label,
+            "device": self.device,
             "sizes": self.sizes,
             "iters": iters,
             "warmup": [warmup_iters(i) for i in iters],
@@ -147,6 +180,11 @@ class BenchResult:
     skipped: dict[str, str]  # backend -> why it did not run
 
     def title(self) -> str:
+        if self.meta.get("device") == "cuda":
+            return (
+                f"allreduce float32 Sum of CUDA tensors, np={self.meta['np']}, "
+                f"{self.meta['gpu']}, {self.meta['host']}"
+            )
         title = f"allreduce float32 Sum, np={self.meta['np']}, {self.meta['host']}"
         copy = self.meta.get("copy_speed")
         return f"{title}, memory copy {copy} per core" if copy else title
@@ -158,6 +196,8 @@ class BackendFailed(RuntimeError):
 
 def unavailable(backend: str) -> str | None:
     """Why ``backend`` cannot run on this machine, or None when it can."""
+    if backend in gpu.CUDA_BACKENDS:
+        return gpu.unavailable(backend)
     if backend in HORA_VARIANTS:
         return None if importlib.util.find_spec("hora.frameworks.ops") else "hora core missing"
     if backend == "gloo":
@@ -216,18 +256,21 @@ def _start(cmd: list[str], env: dict[str, str], log_path: str) -> subprocess.Pop
 def _spawn(
     backend: str, nranks: int, plan_path: str, tmp: str, extra: dict[str, str]
 ) -> list[subprocess.Popen[bytes]]:
-    env = {**_base_env(), **extra}
+    env = _base_env()
+    if backend in gpu.CUDA_BACKENDS:  # the variant's own choice only
+        env = gpu.without_backend_choice(env)
+    env.update(extra)
     if backend == "mpi":
         cmd = ["mpirun", "--allow-run-as-root", "-np", str(nranks)]
         if nranks > (os.cpu_count() or 1):
             cmd.append("--oversubscribe")
         return [_start(cmd + _worker_cmd(backend, plan_path), env, f"{tmp}/mpi.log")]
-    if backend == "gloo":
+    if backend in TORCH_PEERS:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nranks))
     procs = []
     for rank in range(nranks):
         renv = dict(env)
-        if backend == "gloo":
+        if backend in TORCH_PEERS:
             renv.update(RANK=str(rank), LOCAL_RANK=str(rank))
         else:
             renv.update(
@@ -350,7 +393,10 @@ def run_allreduce_bench(
         "dtype": "float32",
         "op": "sum, in place",
         "repeat": config.repeat,
+        "device": config.device,
     }
+    if config.device == "cuda":
+        meta["gpu"] = gpu.describe()
     rows: list[report.Row] = []
     skipped: dict[str, str] = {}
 
@@ -369,6 +415,8 @@ def run_allreduce_bench(
                 if backend in skipped:
                     continue
                 reason = unavailable(backend)
+                if reason is None and config.device == "cuda":
+                    reason = gpu.short_of_devices(config.np)
                 if reason is not None:
                     skipped[backend] = reason
                     say(f"[{backend}] skipped: {reason}")
@@ -400,6 +448,11 @@ def render(result: BenchResult) -> str:
         "vs x = this hora row's busbw over x's (above 1: hora is faster)",
         "",
     ]
+    if result.meta.get("device") == "cuda":
+        note = "each timed call ends with torch.cuda.synchronize(): from the call to the sum"
+        if result.meta["np"] == 1:
+            note += "; at np=1 busbw is 0 (no link crossed): compare p50"
+        lines.insert(2, note)
     if any(r["case"] == "allreduce" for r in result.rows):
         lines.append(report.allreduce_table(result.rows))
     if any(r["case"] in ("api", "resnet50") for r in result.rows):
@@ -415,7 +468,19 @@ def render(result: BenchResult) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add this benchmark's options to ``parser``."""
-    parser.add_argument("--np", type=int, default=2, help="ranks per backend (default 2)")
+    parser.add_argument(
+        "--device",
+        choices=list(DEVICE_BACKENDS),
+        default="cpu",
+        help="cpu (default): host buffers; cuda: CUDA tensors, backends "
+        f"{','.join(gpu.CUDA_BACKENDS)}, one GPU per rank",
+    )
+    parser.add_argument(
+        "--np",
+        type=int,
+        default=None,
+        help="ranks per backend (default 2; with --device cuda one per GPU here)",
+    )
     parser.add_argument(
         "--sizes",
         default="4K,64K,1M,16M,256M",
@@ -429,9 +494,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--backends",
-        default=",".join(DEFAULT_BACKENDS),
+        default=None,
         help=f"comma-separated, from {','.join(BACKENDS)} (default {','.join(DEFAULT_BACKENDS)}); "
-        "hora-tcp is hora with shared memory off",
+        "hora-tcp is hora with shared memory off; with --device cuda from "
+        f"{','.join(gpu.CUDA_BACKENDS)} (default all): hora-nccl is hora with "
+        "HOROVOD_GPU_OPERATIONS=NCCL, hora-staged hora's CPU backend through pinned memory, "
+        "nccl torch.distributed's NCCL",
     )
     parser.add_argument(
         "--engine-cost",
@@ -454,11 +522,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> AllreduceBenchConfig:
+    device = getattr(args, "device", "cpu")
+    np = args.np
+    if np is None:  # one rank per GPU: NCCL refuses two ranks on one device
+        np = max(gpu.device_count(), 1) if device == "cuda" else 2
+    default = ",".join(DEVICE_BACKENDS[device][1])
     return AllreduceBenchConfig(
-        np=args.np,
+        np=np,
+        device=device,
         sizes=parse_sizes(args.sizes),
         iters=args.iters,
-        backends=parse_backends(args.backends),
+        backends=parse_backends(args.backends or default, device),
         engine_cost=args.engine_cost,
         repeat=args.repeat,
         timeout=args.timeout,
@@ -481,4 +555,3 @@ def command(args: argparse.Namespace) -> int:
     result = run_allreduce_bench(config, lambda msg: print(msg, file=sys.stderr, flush=True))
     sys.stdout.write(render(result))
     return 0 if result.rows else 1
-

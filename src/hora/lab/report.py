@@ -122,18 +122,29 @@ def _is_hora(backend: str) -> bool:
     return backend == HORA or backend.startswith(HORA + "-")
 
 
+def _ratio(ours: Row, other: Row) -> float:
+    """Our bus bandwidth over ``other``'s; the inverse ratio of the medians where that is 0."""
+    if other["busbw_gbps"] > 0:
+        return float(ours["busbw_gbps"] / other["busbw_gbps"])
+    return float(other["median_s"] / ours["median_s"])
+
+
 def allreduce_table(rows: Sequence[Row]) -> str:
     """Latency and bus bandwidth per size and backend, with hora's bandwidth ratio to the others.
 
     ``rows`` carry bandwidths (:func:`with_bandwidth`); only ``case == "allreduce"`` is shown.
-    A ratio above 1 means hora moved more bytes per second than that backend.
+    A ratio above 1 means hora moved more bytes per second than that backend. At one rank bus
+    bandwidth is 0 (no link crossed): an algorithm bandwidth column is added, and the ratios
+    compare the medians (which is the same ratio whenever both bus bandwidths are known).
     """
     main = [r for r in rows if r["case"] == "allreduce"]
     backends = list(dict.fromkeys(r["backend"] for r in main))
     ours = [b for b in backends if _is_hora(b)]
     peers = [b for b in backends if not _is_hora(b)] if ours else []
     by_key = {(r["size_bytes"], r["backend"]): r for r in main}
+    alone = any(r["np"] == 1 for r in main)
     headers = ["size", "backend", "iters", "p50 ms", "p90 ms", "busbw GB/s"]
+    headers += ["algbw GB/s"] if alone else []
     headers += [f"vs {p}" for p in peers]
     body = []
     for size in sorted({r["size_bytes"] for r in main}):
@@ -150,13 +161,10 @@ def allreduce_table(rows: Sequence[Row]) -> str:
                 f"{r['p90_s'] * 1e3:.3f}",
                 f"{r['busbw_gbps']:.3f}",
             ]
+            cells += [f"{r['algbw_gbps']:.3f}"] if alone else []
             for p in peers:
                 other = by_key.get((size, p))
-                cells.append(
-                    f"{r['busbw_gbps'] / other['busbw_gbps']:.2f}x"
-                    if _is_hora(b) and other is not None
-                    else ""
-                )
+                cells.append(f"{_ratio(r, other):.2f}x" if _is_hora(b) and other else "")
             body.append(cells)
             first = False
     return format_table(headers, body, left=2)

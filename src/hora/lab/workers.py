@@ -1,12 +1,13 @@
 """The measuring side of ``hora.lab allreduce``: one process per rank, one backend per job.
 
 Run as ``python -m hora.lab.workers <hora|gloo|mpi> <plan.json>`` by :mod:`hora.lab.allreduce`
-(``mpi`` under ``mpirun``). The plan names the sizes, the iterations and warm-up per size, and
-the file where rank 0 appends one JSON line per measurement. Every backend reduces a float32
-buffer in place with Sum: ``hvd.allreduce(x, op=hvd.Sum, output=x)``, ``dist.all_reduce(t)`` on
-a CPU tensor sharing ``x``'s memory, ``comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)``. The first
-call of each size is checked against the expected sum; the timed calls then run on zeros. Each
-call is timed on its own; a barrier starts every timed batch.
+(``mpi`` under ``mpirun``; the CUDA backends' runners are in :mod:`hora.lab.gpu_workers`). The
+plan names the sizes, the iterations and warm-up per size, and the file where rank 0 appends
+one JSON line per measurement. Every backend reduces a float32 buffer in place with Sum:
+``hvd.allreduce(x, op=hvd.Sum, output=x)``, ``dist.all_reduce(t)`` on a CPU tensor sharing
+``x``'s memory, ``comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)``. The first call of each size is
+checked against the expected sum; the timed calls then run on zeros. Each call is timed on its
+own; a barrier starts every timed batch.
 
 With ``engine_cost`` the hora worker also times, alternating call by call so that both sides
 see the same machine, and with the CPU time rank 0's process spent on each call (every thread
@@ -35,6 +36,8 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+
+from hora.lab.gpu import CUDA_BACKENDS
 
 Call = Callable[[], Any]
 
@@ -309,11 +312,23 @@ def run_mpi(plan: dict[str, Any]) -> None:
     measure_sizes(plan, rank, size, Sink(plan["out"], rank, "mpi"), make_call, comm.Barrier)
 
 
+def _on_cuda(backend: str) -> Callable[[dict[str, Any]], None]:
+    """The CUDA backend's runner, from :mod:`hora.lab.gpu_workers` (imported when it runs)."""
+
+    def run(plan: dict[str, Any]) -> None:
+        from hora.lab import gpu_workers
+
+        gpu_workers.RUNNERS[backend](plan)
+
+    return run
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hora": run_hora,
     "hora-tcp": run_hora,
     "gloo": run_gloo,
     "mpi": run_mpi,
+    **{name: _on_cuda(name) for name in CUDA_BACKENDS},
 }
 
 
