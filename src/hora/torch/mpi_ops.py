@@ -295,10 +295,11 @@ def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Start concatenating every rank's ``tensor`` along dim 0 (dim 0 may differ per rank)."""
-    s = stage(tensor)
-    return ops.allgather_async(
-        s.array, name=name, process_set=process_set, dtype=s.dtype, finalize=_new(tensor)
-    )
+    s = stage(tensor, defer=True)
+    with _waits([s]):
+        return ops.allgather_async(
+            s.array, name=name, process_set=process_set, dtype=s.dtype, finalize=_new(tensor)
+        )
 
 
 def grouped_allgather_async(
@@ -306,15 +307,16 @@ def grouped_allgather_async(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
-    staged, arrays, dtype = _stage_group(tensors)
+    staged, arrays, dtype = _stage_group(tensors, defer=True)
     likes = [s.tensor for s in staged]
-    return ops.grouped_allgather_async(
-        arrays,
-        name=name,
-        process_set=process_set,
-        dtype=dtype,
-        finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
-    )
+    with _waits(staged):
+        return ops.grouped_allgather_async(
+            arrays,
+            name=name,
+            process_set=process_set,
+            dtype=dtype,
+            finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+        )
 
 
 def broadcast_async(
@@ -324,15 +326,16 @@ def broadcast_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start sending ``root_rank``'s (a global rank) tensor to every rank; result: new tensor."""
-    s = stage(tensor)
-    return ops.broadcast_async(
-        s.array,
-        root_rank,
-        name=name,
-        process_set=process_set,
-        dtype=s.dtype,
-        finalize=_new(tensor),
-    )
+    s = stage(tensor, defer=True)
+    with _waits([s]):
+        return ops.broadcast_async(
+            s.array,
+            root_rank,
+            name=name,
+            process_set=process_set,
+            dtype=s.dtype,
+            finalize=_new(tensor),
+        )
 
 
 def broadcast_async_(
@@ -342,16 +345,17 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start overwriting ``tensor`` with ``root_rank``'s; the result is ``tensor`` itself."""
-    s = stage(tensor)
-    return ops.broadcast_async(
-        s.array,
-        root_rank,
-        name=name,
-        process_set=process_set,
-        output=s.array,
-        dtype=s.dtype,
-        finalize=lambda out: write_back(s, out),
-    )
+    s = stage(tensor, defer=True)
+    with _waits([s]):
+        return ops.broadcast_async(
+            s.array,
+            root_rank,
+            name=name,
+            process_set=process_set,
+            output=s.array,
+            dtype=s.dtype,
+            finalize=lambda out: write_back(s, out),
+        )
 
 
 def broadcast_(
@@ -371,17 +375,19 @@ def alltoall_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start sending ``splits[i]`` rows to rank i; result: ``(output, received_splits)``."""
-    s = stage(tensor)
     if isinstance(splits, torch.Tensor):
         splits = splits.detach().cpu().numpy()
+    s = stage(tensor, defer=True)
 
     def finalize(res: tuple[np.ndarray, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         received = torch.as_tensor(np.asarray(res[1], dtype=np.int32))
         return to_tensor(res[0], tensor), received
 
-    return ops.alltoall_async(
-        s.array, splits, name=name, process_set=process_set, dtype=s.dtype, finalize=finalize
-    )
+    with _waits([s]):
+        return ops.alltoall_async(
+            s.array, splits, name=name, process_set=process_set, dtype=s.dtype,
+            finalize=finalize,
+        )  # fmt: skip
 
 
 def reducescatter_async(
@@ -394,17 +400,18 @@ def reducescatter_async(
 ) -> Handle:
     """Start reducing ``tensor`` and keeping this rank's block of dim 0 (the first
     ``N % size`` ranks get one row more)."""
-    s = stage(tensor)
-    return ops.reducescatter_async(
-        s.array,
-        name=name,
-        op=op,
-        process_set=process_set,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        dtype=s.dtype,
-        finalize=_new(tensor),
-    )
+    s = stage(tensor, defer=True)
+    with _waits([s]):
+        return ops.reducescatter_async(
+            s.array,
+            name=name,
+            op=op,
+            process_set=process_set,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            dtype=s.dtype,
+            finalize=_new(tensor),
+        )
 
 
 def grouped_reducescatter_async(
@@ -415,18 +422,19 @@ def grouped_reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> Handle:
-    staged, arrays, dtype = _stage_group(tensors)
+    staged, arrays, dtype = _stage_group(tensors, defer=True)
     likes = [s.tensor for s in staged]
-    return ops.grouped_reducescatter_async(
-        arrays,
-        name=name,
-        op=op,
-        process_set=process_set,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-        dtype=dtype,
-        finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
-    )
+    with _waits(staged):
+        return ops.grouped_reducescatter_async(
+            arrays,
+            name=name,
+            op=op,
+            process_set=process_set,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+            dtype=dtype,
+            finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+        )
 
 
 # -- control --------------------------------------------------------------------------------
