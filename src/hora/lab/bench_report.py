@@ -37,6 +37,8 @@ CSV_COLUMNS = [
     "update_s", "comm_share", "throughput", "speedup", "efficiency", "params", "grad_bytes",
     "wall_s",
 ]  # fmt: skip
+# added to the CSV and the lab's tables only when a configuration's GPUs were sampled
+GPU_COLUMNS = ["device", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_mem_max_mib", "gpu_sampled"]
 
 
 def _ratio(value: float | None, digits: int = 2) -> str:
@@ -55,6 +57,28 @@ LAB_HEADERS = [
     "backend", "servers", "processes/server", "avg step time (ms)",
     "avg throughput (samples/s)", "speedup", "efficiency", "comm wait",
 ]  # fmt: skip
+
+
+def _sampled(rows: Sequence[Row]) -> bool:
+    """Whether any configuration of ``rows`` has GPU utilisation (gpu_sampler)."""
+    return any("gpu_util_mean_pct" in r for r in rows)
+
+
+def _gpu_cells(r: Row) -> list[str]:
+    if "gpu_util_mean_pct" not in r:
+        return ["-", "-"]
+    return [
+        f"{r['gpu_util_mean_pct']:.0f}% / {r['gpu_util_max_pct']:.0f}%",
+        f"{r['gpu_mem_max_mib']:.0f}",
+    ]
+
+
+def _lab_table(rows: Sequence[Row]) -> Table:
+    """The lab's headers and one line per row; GPU columns when a row was sampled."""
+    if not _sampled(rows):
+        return LAB_HEADERS, [_lab_row(r) for r in rows]
+    headers = [*LAB_HEADERS, "GPU util mean / max", "GPU memory max (MiB)"]
+    return headers, [_lab_row(r) + _gpu_cells(r) for r in rows]
 
 
 def _lab_row(r: Row) -> list[str]:
@@ -78,7 +102,7 @@ def _order(rows: Sequence[Row], backends: Sequence[str]) -> list[Row]:
 def intra_table(rows: Sequence[Row], model: str, backends: Sequence[str] = ()) -> Table:
     """Speedup inside one server: every one-server configuration of ``model``."""
     mine = [r for r in derive(rows) if r["model"] == model and r["servers"] == 1]
-    return LAB_HEADERS, [_lab_row(r) for r in _order(mine, backends)]
+    return _lab_table(_order(mine, backends))
 
 
 def inter_table(rows: Sequence[Row], model: str, backends: Sequence[str] = ()) -> Table:
@@ -89,7 +113,7 @@ def inter_table(rows: Sequence[Row], model: str, backends: Sequence[str] = ()) -
     chosen = [r for r in mine if (r["backend"], r["per_server"]) in spread]
     rank = {b: i for i, b in enumerate(backends)}
     chosen.sort(key=lambda r: (rank.get(r["backend"], 99), r["per_server"], r["servers"]))
-    return LAB_HEADERS, [_lab_row(r) for r in chosen]
+    return _lab_table(chosen)
 
 
 def model_table(rows: Sequence[Row], backends: Sequence[str] = ()) -> Table:
@@ -194,9 +218,20 @@ def headline(meta: dict[str, Any]) -> str:
         f"hora bench scaling ({meta.get('date', '')}): batch per process {batches}; "
         f"{meta.get('steps')} timed steps after {meta.get('warmup')} warm-up"
         + (f", best of {meta['repeat']} rounds; " if meta.get("repeat", 1) > 1 else "; ")
-        + f"{meta.get('threads')} torch thread(s) per process. Step time: mean ± standard "
+        + f"{meta.get('threads')} torch thread(s) per process"
+        + (f"; on CUDA ({meta.get('gpu')})" if meta.get("device") == "cuda" else "")
+        + ". Step time: mean ± standard "
         "deviation over steps (a step lasts as long as its slowest rank); comm wait: share of a "
-        "step spent in optimizer.synchronize() after backward" + _load_note(meta)
+        "step spent in optimizer.synchronize() after backward" + _gpu_note(meta) + _load_note(meta)
+    )
+
+
+def _gpu_note(meta: dict[str, Any]) -> str:
+    if meta.get("device") != "cuda":
+        return ""
+    return (
+        "; GPU util: this host's GPUs' utilisation (nvidia-smi/NVML, every 0.5 s) during the "
+        "timed steps, mean / max; GPU memory: the most one GPU held"
     )
 
 
@@ -225,7 +260,8 @@ def render_markdown(result: ScalingResult) -> str:
 
 def to_csv(rows: Sequence[Row]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, CSV_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    columns = CSV_COLUMNS + (GPU_COLUMNS if _sampled(rows) else [])
+    writer = csv.DictWriter(buf, columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for r in derive(rows):
         writer.writerow({**r, "hosts": "+".join(r["hosts"])})

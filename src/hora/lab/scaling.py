@@ -15,9 +15,16 @@ Placements: ``--np`` lists total process counts. Without hosts, each runs on thi
 that the hosts' slots allow, filling hosts in the order given (``--np 1,2,4 -H a:2,b:2``: 1x1,
 1x2, 2x1, 2x2), so both of the lab's tables (inside one server, across servers) get filled.
 
-Runs in the caller's thread, plus a daemon thread that polls the progress file. Not meant to be
-called from two threads at once: each configuration redirects ``sys.stdout``/``sys.stderr``
-into its log while it runs, so that worker output does not tear through the progress bar.
+Devices: ``--device auto`` (the default) trains on CUDA when torch sees a GPU, else on the CPU.
+On CUDA every backend runs (native, Gloo and MPI stage the gradients through pinned memory,
+NCCL reduces them on the GPU), and a :class:`hora.lab.gpu_sampler.GpuSampler` polls this host's
+GPUs while each configuration trains: its mean and peak utilisation and peak memory go into the
+configuration's row.
+
+Runs in the caller's thread, plus daemon threads that poll the progress file and the GPUs. Not
+meant to be called from two threads at once: each configuration redirects
+``sys.stdout``/``sys.stderr`` into its log while it runs, so that worker output does not tear
+through the progress bar.
 """
 
 from __future__ import annotations
@@ -37,9 +44,10 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from hora.errors import LaunchError
-from hora.lab import bench_report, bench_results, envreport
+from hora.lab import bench_report, bench_results, envreport, gpu
 from hora.lab.bench_results import Row, ScalingResult
-from hora.lab.train_worker import DEFAULT_BATCH, MODELS, TrainSpec, train
+from hora.lab.gpu_sampler import GpuSampler
+from hora.lab.train_worker import DEFAULT_BATCH, DEFAULT_GPU_BATCH, MODELS, TrainSpec, train
 from hora.launch.hosts import HostSlots, parse_hostfile, parse_hosts
 
 log = logging.getLogger("hora.lab")
@@ -51,6 +59,9 @@ EXAMPLES = """examples:
   hora bench scaling --model all --np 1,2 --repeat 3 --out results/
   hora bench scaling --model mlp,lstm --np 1,2,4 -H server1:2,server2:2 --out results/
                                             across servers, over ssh as hora run does
+  hora bench scaling --device cuda --model resnet50 --np 1 --steps 10 --out gpu/
+                                            on the GPU, with its utilisation per configuration
+  hora bench scaling --device cpu           on the CPU even where there is a GPU
   hora bench report results/                tables and plots again from a saved run"""
 
 
@@ -114,18 +125,19 @@ def placements(counts: Sequence[int], hosts: Sequence[HostSlots] = ()) -> list[P
     return out
 
 
-def unavailable(backend: str) -> str | None:
-    """Why ``backend`` cannot run the training benchmark here, or None when it can."""
+def unavailable(backend: str, device: str = "cpu") -> str | None:
+    """Why ``backend`` cannot run the training benchmark on ``device`` here, or None when it
+    can."""
     from hora.backends import registry
 
     entry = registry.BACKENDS.get(backend)
     module = entry.split(":")[0] if entry else None
     if backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available():
-            return "needs an NVIDIA GPU; there is none here (torch.cuda.is_available() is False)"
-        return "the scaling lab trains on CPU only; GPU training is not implemented yet"
+        reason = gpu.unavailable("nccl")
+        if reason is not None:
+            return reason
+        if device != "cuda":
+            return "NCCL reduces GPU tensors: train on the GPU (--device cuda, or auto)"
     if module is None or importlib.util.find_spec(module) is None:
         return f"this build of hora has no {backend} backend ({module or 'not registered'})"
     if backend == "mpi":
@@ -155,8 +167,10 @@ class ScalingConfig:
     ssh_identity_file: str | None = None
     ssh_config_file: str | None = None
     start_timeout: float = 30.0
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (resolved here)
 
     def __post_init__(self) -> None:
+        self.device = gpu.resolve_device(self.device)
         if self.repeat < 1:
             raise ValueError(f"--repeat {self.repeat}: give at least 1 round")
         for model in self.models:
@@ -164,12 +178,14 @@ class ScalingConfig:
         self.placements = placements(self.nps, self.hosts)
 
     def batch(self, model: str) -> int:
-        return DEFAULT_BATCH[model] if self.batch_size is None else self.batch_size
+        if self.batch_size is not None:
+            return self.batch_size
+        return (DEFAULT_GPU_BATCH if self.device == "cuda" else DEFAULT_BATCH)[model]
 
     def spec(self, model: str, progress_path: str | None = None) -> TrainSpec:
         return TrainSpec(
             model, self.batch(model), self.steps, self.warmup, self.threads, self.timeout,
-            self.examples_dir, self.data_dir, progress_path,
+            self.examples_dir, self.data_dir, progress_path, self.device,
         )  # fmt: skip
 
 
@@ -214,12 +230,26 @@ class Progress:
             self.stream.flush()
 
 
+def read_progress(path: str) -> tuple[int, int] | None:
+    """(steps done, steps in all) from rank 0's progress file; None before it is written."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(path) as f:
+            done, total = map(int, f.read().split())
+        return done, total
+    return None
+
+
 def _poll(path: str, progress: Progress, stop: threading.Event) -> None:
     while not stop.wait(0.3):
-        with contextlib.suppress(OSError, ValueError):
-            with open(path) as f:
-                done, total = map(int, f.read().split())
-            progress.step(done, total)
+        found = read_progress(path)
+        if found is not None:
+            progress.step(*found)
+
+
+def _timed(path: str, warmup: int) -> bool:
+    """Whether the timed steps have begun and not ended (rank 0's progress file says so)."""
+    found = read_progress(path)
+    return found is not None and warmup <= found[0] < found[1]
 
 
 def _why(error: Exception, log_path: str) -> str:
@@ -232,10 +262,27 @@ def _why(error: Exception, log_path: str) -> str:
     return f"{reason}: {detail[-1].strip()}" if detail else reason
 
 
-def _worker_env() -> dict[str, str]:
+def _worker_env(backend: str = "native", device: str = "cpu") -> dict[str, str]:
+    """The workers' environment: one compute thread each; on CUDA, with only ``backend``'s own
+    choice of hora's backend (the caller's HOROVOD_CPU/GPU_OPERATIONS left out)."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    if device == "cuda":
+        env = gpu.without_backend_choice(env)
+        if backend == "nccl":
+            env["HOROVOD_GPU_OPERATIONS"] = "NCCL"
+        elif backend == "native":  # gloo and mpi are named by hora.run itself
+            env["HOROVOD_CPU_OPERATIONS"] = "native"
     return env
+
+
+def _sampler(config: ScalingConfig, place: Placement, progress_path: str) -> GpuSampler | None:
+    """A GPU sampler for the GPUs ``place`` uses on this host (None on the CPU)."""
+    if config.device != "cuda":
+        return None
+    used = min(place.per_server, max(gpu.device_count(), 1))
+    warmup = config.warmup
+    return GpuSampler(gpu.visible_indices(used), timed=lambda: _timed(progress_path, warmup))
 
 
 def run_configuration(
@@ -248,9 +295,18 @@ def run_configuration(
     name += f".round{round_}" if config.repeat > 1 else ""
     log_path = os.path.join(logdir, name + ".log")
     progress_path = os.path.join(logdir, name + ".progress")
+    if config.device == "cuda" and backend == "nccl" and not place.hosts:
+        count = gpu.device_count()
+        if place.per_server > count:
+            raise RuntimeError(
+                f"nccl needs one GPU per process: {place.per_server} processes, {count} GPU(s) here"
+            )
+    sampler = _sampler(config, place, progress_path)
     stop = threading.Event()
     poller = threading.Thread(target=_poll, args=(progress_path, progress, stop), daemon=True)
     poller.start()
+    if sampler is not None:
+        sampler.start()
     started = time.monotonic()
     try:
         with (
@@ -264,6 +320,7 @@ def run_configuration(
     finally:
         stop.set()
         poller.join(timeout=5)
+        sampled = sampler.stop() if sampler is not None else None
         with contextlib.suppress(OSError):
             os.remove(progress_path)
     if any(r["backend"] != backend for r in ranks):
@@ -272,9 +329,9 @@ def run_configuration(
         "model": model, "backend": backend, "servers": place.servers,
         "per_server": place.per_server, "hosts": list(place.hosts) or ["localhost"],
         "batch_size": config.batch(model), "steps": config.steps, "warmup": config.warmup,
-        "wall_s": time.monotonic() - started,
+        "wall_s": time.monotonic() - started, "device": config.device,
     }  # fmt: skip
-    return bench_results.summarize(ranks, info)
+    return {**bench_results.summarize(ranks, info), **(sampled or {})}
 
 
 def _launch(config: ScalingConfig, spec: TrainSpec, backend: str, place: Placement) -> list[Any]:
@@ -282,7 +339,8 @@ def _launch(config: ScalingConfig, spec: TrainSpec, backend: str, place: Placeme
 
     return hora.run(
         train, args=(spec,), num_proc=place.np, hosts=place.hosts_arg(),
-        use_gloo=backend == "gloo", use_mpi=backend == "mpi", env=_worker_env(),
+        use_gloo=backend == "gloo", use_mpi=backend == "mpi",
+        env=_worker_env(backend, config.device),
         start_timeout=config.start_timeout, ssh_port=config.ssh_port,
         ssh_identity_file=config.ssh_identity_file, ssh_config_file=config.ssh_config_file,
     )  # fmt: skip
@@ -315,10 +373,16 @@ def _load() -> list[float]:
 
 def _done_line(row: Row, base: float | None) -> str:
     speedup = f", speedup {row['throughput'] / base:.2f}" if base else ""
+    gpus = (
+        f", GPU {row['gpu_util_mean_pct']:.0f}% (max {row['gpu_util_max_pct']:.0f}%)"
+        if "gpu_util_mean_pct" in row
+        else ""
+    )
     return (
         f"{row['model']} {row['backend']} {row['servers']}x{row['per_server']}: "
         f"{row['step_mean_s'] * 1e3:.1f} ± {row['step_std_s'] * 1e3:.1f} ms/step, "
         f"{row['throughput']:.1f} samples/s{speedup}, comm wait {100 * row['comm_share']:.0f}%"
+        + gpus
     )
 
 
@@ -360,7 +424,9 @@ def _measure_all(
 def run_scaling(config: ScalingConfig, stream: TextIO | None = None) -> ScalingResult:
     """Run every configuration of ``config``; progress on ``stream`` (default stderr)."""
     stream = stream or sys.stderr
-    skipped = {b: why for b in config.backends if (why := unavailable(b)) is not None}
+    skipped = {
+        b: why for b in config.backends if (why := unavailable(b, config.device)) is not None
+    }
     backends = [b for b in config.backends if b not in skipped]
     total = len(config.models) * len(backends) * len(config.placements) * config.repeat
     progress = Progress(stream, max(total, 1))
@@ -378,6 +444,8 @@ def run_scaling(config: ScalingConfig, stream: TextIO | None = None) -> ScalingR
         "warmup": config.warmup,
         "threads": config.threads,
         "repeat": config.repeat,
+        "device": config.device,
+        "gpu": gpu.describe() if config.device == "cuda" else None,
         "load_before": _load(),
     }
     environment = collect_environment(config)
@@ -411,6 +479,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--batch-size", type=int, help=f"samples per process per step (default: {batches})")
     add("--steps", type=int, default=20, help="timed steps per configuration (default 20)")
     add("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    add("--device", default="auto", choices=["auto", *gpu.DEVICES], help="where to train: "
+        "cuda (one GPU per local rank, GPU utilisation sampled), cpu, or auto (default: cuda "
+        "when torch sees a GPU)")  # fmt: skip
     add("--threads", type=int, default=1, help="torch threads per process (default 1)")
     add("--timeout", type=float, default=600.0, help="seconds per configuration (default 600)")
     add("--repeat", type=int, default=1, help="run every configuration R times, in R rounds "
@@ -439,7 +510,7 @@ def config_from_args(args: argparse.Namespace) -> ScalingConfig:
         out=args.out,
         examples_dir=args.examples_dir, data_dir=args.data_dir, ssh_port=args.ssh_port,
         ssh_identity_file=args.ssh_identity_file, ssh_config_file=args.ssh_config_file,
-        start_timeout=args.start_timeout,
+        start_timeout=args.start_timeout, device=getattr(args, "device", "auto"),
     )  # fmt: skip
 
 

@@ -11,6 +11,12 @@ dataset, read through a ``DataLoader`` as the example does), wraps the optimizer
 - wait: ``optimizer.synchronize()``, the communication backward did not hide;
 - update: ``optimizer.step()`` under ``skip_synchronize()``.
 
+With ``spec.device == "cuda"`` the model and its batches live on ``cuda:<local rank>`` (modulo
+the GPUs there, so that staged backends may put several ranks on one GPU; NCCL needs one each).
+GPU work is asynchronous, so each phase then ends with ``torch.cuda.synchronize()``: a phase's
+time is the time its work took on the device, and the gradients' allreduces still start during
+backward (the engine thread does not wait for the host).
+
 Warm-up steps are run and dropped; a barrier precedes the timed ones. Rank 0 writes
 ``"<done> <total>"`` to ``spec.progress_path`` after every step, when that path is writable on its
 host, so the caller can show how far the run is. A watchdog ends the rank with status 124 if the
@@ -39,6 +45,9 @@ SYNTHETIC_MODELS = ("mlp", "cnn", "resnet50", "lstm")
 MODELS = (*SYNTHETIC_MODELS, "mnist")
 # per-process batch sizes that keep a step under a second or so on one CPU core
 DEFAULT_BATCH = {"mlp": 64, "cnn": 16, "resnet50": 2, "lstm": 16, "mnist": 64}
+# and on one GPU: enough work per step to keep a data-centre GPU busy
+DEFAULT_GPU_BATCH = {"mlp": 512, "cnn": 256, "resnet50": 64, "lstm": 128, "mnist": 256}
+DEVICES = ("cpu", "cuda")
 EXAMPLES = {"synthetic": "pytorch_synthetic_benchmark.py", "mnist": "pytorch_mnist.py"}
 TIMEOUT_EXIT = 124
 
@@ -61,8 +70,11 @@ class TrainSpec:
     examples_dir: str = ""  # empty: default_examples_dir()
     data_dir: str = "./data"
     progress_path: str | None = None
+    device: str = "cpu"  # or cuda: cuda:<local rank>
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r}: choose from {', '.join(DEVICES)}")
         if self.model not in MODELS:
             raise ValueError(f"model {self.model!r}: choose from {', '.join(MODELS)}")
         if self.batch_size < 1 or self.steps < 1 or self.warmup < 0:
@@ -92,8 +104,11 @@ def load_example(spec: TrainSpec, kind: str) -> ModuleType:
 Batches = Callable[[], tuple[Any, Any]]
 
 
-def build(spec: TrainSpec, rank: int, size: int) -> tuple[Any, Batches, Callable[..., Any]]:
-    """(model, next-batch function, loss function) for ``spec.model``."""
+def build(
+    spec: TrainSpec, rank: int, size: int, device: Any = "cpu"
+) -> tuple[Any, Batches, Callable[..., Any]]:
+    """(model, next-batch function, loss function) for ``spec.model``, on ``device``: a
+    synthetic batch is made there once, MNIST batches are copied there as they are read."""
     import torch
     import torch.nn.functional as F
 
@@ -106,12 +121,18 @@ def build(spec: TrainSpec, rank: int, size: int) -> tuple[Any, Batches, Callable
         train_set, _, _ = example.load_data(spec.data_dir)
         sampler: DistributedSampler[Any] = DistributedSampler(train_set, size, rank)
         loader = DataLoader(train_set, batch_size=spec.batch_size, sampler=sampler, drop_last=True)
-        return example.Net(), _cycle(loader, sampler), F.nll_loss
+        read = _cycle(loader, sampler)
+
+        def to_device() -> tuple[Any, Any]:
+            x, y = read()
+            return x.to(device), y.to(device)
+
+        return example.Net().to(device), to_device, F.nll_loss
 
     make, make_input, classes = load_example(spec, "synthetic").MODELS[spec.model]
-    data = make_input(spec.batch_size)
-    target = torch.randint(0, classes, (spec.batch_size,))
-    return make(), lambda: (data, target), F.cross_entropy
+    data = make_input(spec.batch_size).to(device)
+    target = torch.randint(0, classes, (spec.batch_size,)).to(device)
+    return make().to(device), lambda: (data, target), F.cross_entropy
 
 
 def _cycle(loader: Any, sampler: Any) -> Batches:
@@ -152,6 +173,19 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         watchdog.cancel()
 
 
+def _device(spec: TrainSpec, local_rank: int) -> tuple[Any, Callable[[], None]]:
+    """This rank's torch device, and what ends a timed phase on it (a no-op on the CPU)."""
+    import torch
+
+    if spec.device == "cpu":
+        return torch.device("cpu"), lambda: None
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"local rank {local_rank} sees no GPU: it cannot train on cuda")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device, lambda: torch.cuda.synchronize(device)
+
+
 def _train(spec: TrainSpec) -> dict[str, Any]:
     import torch
 
@@ -163,7 +197,8 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
     hvd.init()
     try:
         rank, size = hvd.rank(), hvd.size()
-        model, next_batch, loss_fn = build(spec, rank, size)
+        device, fence = _device(spec, hvd.local_rank())
+        model, next_batch, loss_fn = build(spec, rank, size, device)
         sgd = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
@@ -174,14 +209,18 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
                 hvd.barrier()
             t0 = time.perf_counter()
             x, y = next_batch()
+            fence()
             t1 = time.perf_counter()
             optimizer.zero_grad()
             loss_fn(model(x), y).backward()
+            fence()
             t2 = time.perf_counter()
             optimizer.synchronize()
+            fence()
             t3 = time.perf_counter()
             with optimizer.skip_synchronize():
                 optimizer.step()
+            fence()
             t4 = time.perf_counter()
             if i >= spec.warmup:
                 for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
@@ -197,6 +236,7 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
             "params": sum(p.numel() for p in params),
             "grad_bytes": sum(p.numel() * p.element_size() for p in params),
             "torch_threads": torch.get_num_threads(),
+            "device": str(device),
             **{f"{key}_s": values for key, values in phases.items()},
         }
     finally:
