@@ -2,7 +2,9 @@
 allreduce: the tensors reduced where they lie as one gathered buffer (shared memory), the large
 ones reduced in place with the small ones in the fusion buffer (TCP only), and all of them in
 the fusion buffer (a fusion threshold below the large tensors never fuses them, so they take
-the single-tensor path). In place and out of place, Sum and Average with scaling factors."""
+the single-tensor path; and, over shared memory, many small tensors, which cost less copied
+into one buffer than gathered piece by piece). In place and out of place, Sum and Average with
+scaling factors. The timeline says which way each burst went."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ import pytest
 from harness import run_ranks
 
 SHAPES = [(3,), (700_000,), (5, 7), (0,), (300_000,), (1,), (520_000,)]  # floats; 2 above 1 MiB
+# 1.2 MB in all, as 40 tensors of 30 KB: above the size that shared memory gathers where the
+# tensors lie, but small tensors on average (hora.backends.native.PARTS_MIN_BYTES)
+MANY_SMALL = [(7_500,)] * 40
 
 
-def _burst(rank: int) -> dict[str, Any]:
+def _burst(rank: int, shapes: list[tuple[int, ...]] = SHAPES) -> dict[str, Any]:
     import numpy as np
 
     import hora as hvd
@@ -28,7 +33,7 @@ def _burst(rank: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for step in range(3):  # the first burst negotiates in full, the later ones from the cache
         xs = [(np.arange(int(np.prod(s))) % 23 + rank + step).reshape(s).astype(np.float32)
-              for s in SHAPES]
+              for s in shapes]
         want = [sum((np.arange(x.size) % 23 + r + step) for r in range(n)).reshape(x.shape)
                 for x in xs]
         keep = [x.copy() for x in xs]
@@ -54,13 +59,24 @@ def _burst(rank: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "env",
-    [{}, {"HORA_SHM_DISABLE": "1"}, {"HOROVOD_FUSION_THRESHOLD": "65536"}],
-    ids=["gathered-shared-memory", "split-tcp", "small-threshold"],
+    ("env", "shapes", "copied"),
+    [
+        ({}, SHAPES, False),
+        ({"HORA_SHM_DISABLE": "1"}, SHAPES, True),
+        ({"HOROVOD_FUSION_THRESHOLD": "65536"}, SHAPES, True),
+        ({}, MANY_SMALL, True),
+    ],
+    ids=["gathered-shared-memory", "split-tcp", "small-threshold", "many-small-shared-memory"],
 )
-def test_fused_bursts_of_large_and_small_tensors(env: dict[str, str]) -> None:
-    for rank, out in enumerate(run_ranks(_burst, 2, timeout=90, env=env)):
+def test_fused_bursts_of_large_and_small_tensors(
+    env: dict[str, str], shapes: list[tuple[int, ...]], copied: bool, tmp_path: Any
+) -> None:
+    timeline = tmp_path / "timeline.json"
+    env = {**env, "HOROVOD_TIMELINE": str(timeline)}
+    for rank, out in enumerate(run_ranks(_burst, 2, args=(shapes,), timeout=90, env=env)):
         fused = out.pop("fused")
         bad = [k for k, ok in out.items() if not ok]
         assert not bad, f"rank {rank}: wrong results for {bad}"
         assert fused > 0, f"rank {rank}: no tensor travelled in a fused response"
+    # the fusion buffer's copies appear in the timeline exactly when a burst went through it
+    assert ("MEMCPY_IN_FUSION_BUFFER" in timeline.read_text()) == copied

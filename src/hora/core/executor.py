@@ -124,7 +124,8 @@ class Executor:
         if resp.op == OpType.ALLREDUCE:
             total = sum(s.request.nbytes for s in resp.specs)
             parts = getattr(self.backend, "reduces_parts", None)
-            if total >= IN_PLACE_MIN_BYTES and parts is not None and parts(comm, total):
+            if (total >= IN_PLACE_MIN_BYTES and parts is not None
+                    and parts(comm, total, len(resp.specs))):
                 flats = [self._target(s, e) for s, e in zip(resp.specs, entries)]
                 if req.prescale != 1.0:
                     for f in flats:
