@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import subprocess
 from collections import Counter
 from collections.abc import Mapping
 
@@ -94,14 +95,39 @@ def short_of_devices(nranks: int) -> str | None:
     )
 
 
-def describe() -> str:
-    """The GPUs torch sees, e.g. ``"2 x NVIDIA H100 80GB HBM3"``; ``"no GPU"`` without one."""
-    if no_gpu_reason() is not None:
-        return "no GPU"
-    import torch
+def _smi_names() -> list[str]:
+    """GPU names by nvidia-smi index; empty when nvidia-smi is missing or fails."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return (
+        [ln.strip() for ln in done.stdout.splitlines() if ln.strip()] if not done.returncode else []
+    )
 
-    names = Counter(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-    return ", ".join(f"{n} x {name}" for name, n in names.items()) or "no GPU"
+
+def describe() -> str:
+    """The GPUs torch sees, e.g. ``"2 x NVIDIA H100 80GB HBM3"``; ``"no GPU"`` without one.
+
+    Names come from nvidia-smi where it can tell which GPUs these are, so that the benchmark's
+    parent process does not open a CUDA context of its own (torch's names need one)."""
+    count = device_count()
+    if not count:
+        return "no GPU"
+    names, indices = _smi_names(), visible_indices(count)
+    if indices is not None and len(indices) == count and all(i < len(names) for i in indices):
+        chosen = [names[i] for i in indices]
+    else:
+        import torch
+
+        chosen = [torch.cuda.get_device_name(i) for i in range(count)]
+    return ", ".join(f"{n} x {name}" for name, n in Counter(chosen).items())
 
 
 def resolve_device(device: str) -> str:

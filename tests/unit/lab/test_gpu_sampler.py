@@ -40,7 +40,9 @@ with open(here / "calls.log", "a") as log:
 args = sys.argv[1:]
 if args[:1] == ["topo"]:
     print("\\tGPU0\\tGPU1\\tCPU Affinity\\nGPU0\\t X \\tNV18\\t0-15\\nGPU1\\tNV18\\t X \\t0-15")
-elif any(a.startswith("--query-gpu=name") for a in args):
+elif "--query-gpu=name" in args:
+    print("NVIDIA Fake GPU A\\nNVIDIA Fake GPU B")
+elif any(a.startswith("--query-gpu=name,") for a in args):
     print("NVIDIA Fake GPU, 555.42.06, 81559 MiB")
     print("NVIDIA Fake GPU, 555.42.06, 81559 MiB")
 else:
@@ -163,6 +165,21 @@ def test_environment_rows_come_from_the_fake_nvidia_smi(fake_smi: FakeSmi) -> No
     shown = {row[1]: row[2] for row in body}
     assert shown["GPU model and count"] == model and shown["GPU driver"] == driver
     assert shown["CUDA"] == "12.4" and shown["NCCL"] == "2.21.5"
+
+
+def test_gpu_names_come_from_the_fake_nvidia_smi(
+    fake_smi: FakeSmi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gpu, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu.describe() == "1 x NVIDIA Fake GPU A, 1 x NVIDIA Fake GPU B"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setattr(gpu, "device_count", lambda: 1)
+    assert gpu.describe() == "1 x NVIDIA Fake GPU B" and gpu.visible_indices(1) == [1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234abcd")
+    assert gpu.visible_indices(1) is None
+    monkeypatch.setattr(gpu, "device_count", lambda: 0)
+    assert gpu.describe() == "no GPU"
 
 
 def _args(*argv: str) -> argparse.Namespace:

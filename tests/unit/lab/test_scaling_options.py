@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hora.lab import envreport, scaling
+from hora.lab import envreport, gpu, scaling
 from hora.lab.scaling import Placement
 from hora.lab.train_worker import TrainSpec, load_example
 from hora.launch.hosts import HostSlots
@@ -21,7 +21,8 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def test_defaults_are_modest() -> None:
+def test_defaults_are_modest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu, "no_gpu_reason", lambda: "no GPU")  # auto: the CPU's batches
     config = scaling.config_from_args(_args())
     assert config.models == ["cnn"] and config.nps == [1, 2]
     assert config.backends == ["native", "gloo", "mpi", "nccl"]
