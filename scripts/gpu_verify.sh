@@ -6,7 +6,10 @@
 # Writes into RESULTS_DIR: env.txt (nvidia-smi, driver, CUDA, NCCL and torch versions),
 # tests.txt (every CUDA test; none may be skipped for want of a GPU), and one file per run of
 # the synthetic benchmark on the GPU: hora with its CPU backend (CUDA tensors staged through
-# pinned memory), hora with NCCL (HOROVOD_GPU_OPERATIONS=NCCL), and torch DDP for comparison.
+# pinned memory), hora with NCCL (HOROVOD_GPU_OPERATIONS=NCCL), and torch DDP for comparison;
+# then the lab on the GPU: bench_allreduce_cuda.{txt,json,csv} (hora bench allreduce --device
+# cuda: hora on NCCL, hora staged, torch's NCCL, one rank per GPU) and scaling_cuda.txt with
+# scaling_cuda/ (a short hora bench scaling on CUDA, with GPU utilisation per configuration).
 # Exits non-zero at the first failure; summary.txt says what passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +57,8 @@ TESTS=(
     tests/unit/backends/test_nccl_settings.py
     tests/integration/test_torch_cuda.py
     tests/integration/test_backends.py
+    tests/unit/lab/test_gpu_bench.py
+    tests/unit/lab/test_gpu_sampler.py
 )
 "$PY" -m pytest -q -rs "${TESTS[@]}" 2>&1 | tee "$OUT/tests.txt"
 status=${PIPESTATUS[0]}
@@ -86,4 +91,28 @@ ARGS=(--model resnet50 --batch-size 64 --num-iters 5)
 bench hora_staged HORA_LOG_LEVEL=WARNING -- "${ARGS[@]}"
 bench hora_nccl HOROVOD_GPU_OPERATIONS=NCCL -- "${ARGS[@]}"
 bench ddp HORA_LOG_LEVEL=WARNING -- "${ARGS[@]}" --ddp
+
+# 4. the lab on the GPU: allreduce of CUDA tensors against torch's NCCL (one rank per GPU;
+# --np 1 on a one-GPU machine), then a short scaling run on CUDA with GPU utilisation
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if "$PY" -m hora.lab allreduce --device cuda --np "$NGPU" --sizes 4K,64K,1M,16M,256M \
+    --json "$OUT/bench_allreduce_cuda.json" --csv "$OUT/bench_allreduce_cuda.csv" \
+    > "$OUT/bench_allreduce_cuda.txt" 2> "$OUT/bench_allreduce_cuda.log" \
+    && ! grep -q "^skipped" "$OUT/bench_allreduce_cuda.txt"; then
+    summary "ok: hora bench allreduce --device cuda --np $NGPU (bench_allreduce_cuda.txt)"
+else
+    summary "FAIL: hora bench allreduce --device cuda (bench_allreduce_cuda.txt, .log)"
+    exit 1
+fi
+if "$PY" -m hora.lab scaling --device cuda --model cnn,resnet50 --backends native,nccl \
+    --np 1 --steps 10 --warmup 3 --out "$OUT/scaling_cuda" \
+    > "$OUT/scaling_cuda.txt" 2> "$OUT/scaling_cuda.log" \
+    && grep -q "GPU util mean / max" "$OUT/scaling_cuda.txt" \
+    && ! grep -q "^failed" "$OUT/scaling_cuda.txt"
+then
+    summary "ok: hora bench scaling --device cuda (scaling_cuda.txt, scaling_cuda/)"
+else
+    summary "FAIL: hora bench scaling --device cuda (scaling_cuda.txt, .log)"
+    exit 1
+fi
 summary "done: results in $OUT"
