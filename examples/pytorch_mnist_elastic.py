@@ -32,6 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batches-per-commit", type=int, default=5, help="commit every N batches")
     p.add_argument("--data-dir", default="./data", help="MNIST files, if any (else digits)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--no-cuda", action="store_true", default=False, help="disables CUDA training")
     return p.parse_args(argv)
 
 
@@ -39,11 +40,15 @@ def main(args: argparse.Namespace) -> None:
     hvd.init()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
+    use_cuda = not args.no_cuda and torch.cuda.is_available()
+    if use_cuda:  # one GPU per worker, as Horovod's example pins them
+        torch.cuda.set_device(hvd.local_rank())
+    device = torch.device("cuda" if use_cuda else "cpu")
     train_set, test_set, about = load_data(args.data_dir)
     if hvd.rank() == 0:
         print(f"Dataset: {about}", flush=True)
 
-    model = Net()
+    model = Net().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(train_set, seed=args.seed)
@@ -64,6 +69,7 @@ def main(args: argparse.Namespace) -> None:
             model.train()
             loader = DataLoader(train_set, batch_size=args.batch_size, sampler=state.sampler)
             for batch_idx, (data, target) in enumerate(loader):
+                data, target = data.to(device), target.to(device)
                 optimizer.zero_grad()
                 loss = F.nll_loss(model(data), target)
                 loss.backward()
@@ -86,6 +92,7 @@ def main(args: argparse.Namespace) -> None:
     correct = 0
     with torch.no_grad():
         for data, target in DataLoader(test_set, batch_size=1000):
+            data, target = data.to(device), target.to(device)
             correct += model(data).argmax(dim=1).eq(target).sum().item()
     if hvd.rank() == 0:
         print(
