@@ -202,7 +202,8 @@ def align(traces: list[RankTrace], how: str = "wall") -> None:
     for t in traces:
         t.offset = float(t.epoch_us - t0)
     if how == "ops" and len(traces) > 1:
-        ref = {(o.name, o.index): o.op_end for o in traces[0].occurrences if o.complete}
+        ref = {(o.name, o.index): o.op_end for o in traces[0].occurrences
+               if o.complete and o.op_end is not None}
         for t in traces[1:]:
             diffs = [
                 (ref[(o.name, o.index)] + traces[0].offset) - (o.op_end + t.offset)
@@ -299,7 +300,7 @@ def analyze(traces: list[RankTrace], fusion_threshold: int | None = None) -> dic
     per_tensor: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(PHASES, 0.0))
     totals = dict.fromkeys(PHASES, 0.0)
     last_of: dict[str, Counter[int]] = defaultdict(Counter)
-    caused: Counter[int] = Counter()  # µs the others waited for each straggler
+    caused: dict[int, float] = defaultdict(float)  # µs the others waited for each straggler
     counts: Counter[str] = Counter()
     for (name, _), occs in groups.items():
         submits = {r: o.neg_start for r, o in occs.items() if o.neg_start is not None}
