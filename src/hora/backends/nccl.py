@@ -5,8 +5,13 @@ when no CPU backend is named. Every collective takes either kind of buffer:
 
 - a torch CUDA tensor on this rank's GPU (``cuda:<local rank>``), used where it lies: no host
   round trip;
-- a host (NumPy) buffer, as the engine hands every backend today: copied to the GPU, reduced
-  there and copied back.
+- a host (NumPy) buffer (a CPU tensor's, or a tensor staged through host memory): copied to
+  the GPU, reduced there and copied back.
+
+The backend takes device buffers (``device_buffers``): the engine runs it with its
+``DeviceExecutor``, which fuses, scales and allocates on this GPU through ``buffer_ops``
+(:class:`DeviceBufferOps`, hora.core.buffers' seam), and ``hora.torch`` hands the engine CUDA
+tensors of this GPU as they are (no staging through host memory).
 
 The work runs on a dedicated CUDA stream of this backend. Before a collective that stream waits
 on an event recorded on the calling thread's current stream (so tensors produced there are
@@ -24,8 +29,9 @@ Threads: as the Gloo backend (engine thread only after ``init``). Not thread-saf
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -35,7 +41,8 @@ import torch.distributed as dist
 from hora.backends.base import SetComm
 from hora.backends.gloo import _BOOL_OPS, _OPS, GlooBackend, split
 from hora.backends.registry import BackendContext
-from hora.collectives import registry
+from hora.collectives import reduce_ops, registry
+from hora.dtypes import DTYPES, FLOATING
 
 NEEDS_GPU = (
     "the NCCL backend needs an NVIDIA GPU and a CUDA build of PyTorch with NCCL ({}); "
@@ -69,8 +76,102 @@ def as_type(t: torch.Tensor, dtype: str | None) -> torch.Tensor:
     return t
 
 
+# hora's dtype names as torch types (uint16 where this torch has it)
+TORCH_TYPES: dict[str, torch.dtype] = {n: getattr(torch, n) for n in DTYPES if hasattr(torch, n)}
+
+
+def scale_tensor(t: torch.Tensor, dtype: str | None, factor: float) -> None:
+    """``t *= factor`` where ``t`` lies, with ``reduce_ops.scale``'s rules: floating types
+    multiply in their own precision (float16 and bfloat16 through float32, as torch does),
+    integers by an exact integer factor, else through float64 truncated toward zero; bool
+    stays 0/1 (nonzero is 1)."""
+    if factor == 1.0 or t.numel() == 0:
+        return
+    kind = dtype or _NAMES.get(t.dtype, "")
+    if kind in FLOATING:
+        t.mul_(factor)
+    elif kind != "bool" and t.dtype != torch.bool and _fits_integer(factor, t.dtype):
+        t.mul_(int(factor))
+    else:
+        t.copy_(t.double().mul_(factor).trunc_())
+
+
+_NAMES = {v: k for k, v in TORCH_TYPES.items()}
+
+
+def _fits_integer(factor: float, dtype: torch.dtype) -> bool:
+    info = torch.iinfo(dtype)
+    return float(factor).is_integer() and info.min <= factor <= info.max
+
+
+class DeviceBufferOps:
+    """``hora.core.buffers.BufferOps`` over torch tensors on one device (the NCCL backend's
+    GPU; the CPU in tests with a fake of its streams).
+
+    Runs in the engine thread; every copy goes on that thread's current stream of the device,
+    which the backend orders its own stream after (and itself after the collective). The fusion
+    buffer is one byte tensor on the device, grown on demand; the backend marks it in use on its
+    stream, so growing it never frees memory a collective still reads. Scaling is the
+    backend's ``scale``.
+    """
+
+    def __init__(self, device: torch.device, scale: Callable[[Any, float, str], None]) -> None:
+        self.device = device
+        self._scale = scale
+        self._fusion = torch.empty(0, dtype=torch.uint8, device=device)
+
+    def owns(self, x: Any) -> bool:
+        return isinstance(x, torch.Tensor)
+
+    def empty(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    def zeros(self, count: int, dtype: str) -> torch.Tensor:
+        return torch.zeros(count, dtype=TORCH_TYPES[dtype], device=self.device)
+
+    def fusion(self, count: int, dtype: str) -> torch.Tensor:
+        t = TORCH_TYPES[dtype]
+        need = count * t.itemsize
+        if self._fusion.numel() < need:
+            self._fusion = torch.empty(need, dtype=torch.uint8, device=self.device)
+        return self._fusion[:need].view(t)
+
+    def concat_into(self, parts: Sequence[torch.Tensor], out: torch.Tensor) -> None:
+        torch.cat(list(parts), out=out)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    def clone(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def scale(self, buf: torch.Tensor, dtype: str, factor: float) -> None:
+        self._scale(buf, factor, dtype)
+
+    def ptr(self, x: torch.Tensor) -> int:
+        return int(x.data_ptr())
+
+    def upload(self, host: np.ndarray, dtype: str) -> torch.Tensor:
+        arr = np.array(host) if not host.flags.writeable else np.ascontiguousarray(host)
+        if dtype == "bfloat16":
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16).to(self.device)
+        return torch.from_numpy(arr).to(self.device)
+
+    def download(self, x: torch.Tensor, out: np.ndarray | None) -> np.ndarray:
+        """A blocking copy to host memory (waits for the current stream only)."""
+        host = x.detach().cpu()
+        arr = (host.view(torch.int16).numpy().view(np.uint16) if host.dtype == torch.bfloat16
+               else host.numpy())  # fmt: skip
+        if out is None:
+            return arr if x.device.type != "cpu" else arr.copy()
+        out[...] = arr
+        return out
+
+
 class NcclBackend(GlooBackend):
     name = "NCCL"
+    # the engine hands it device tensors as they are (core.buffers; core.executor.DeviceExecutor)
+    device_buffers = True
 
     def __init__(self, ctx: BackendContext) -> None:
         if not torch.cuda.is_available():
@@ -82,6 +183,11 @@ class NcclBackend(GlooBackend):
         torch.cuda.set_device(self._device)
         self._stream = torch.cuda.Stream(device=self._device)
         self.last_done: Any = None  # the "done" event of the latest collective
+
+    @cached_property
+    def buffer_ops(self) -> DeviceBufferOps:
+        """What the engine's executor does to this GPU's tensors (made on first use)."""
+        return DeviceBufferOps(self._device, self.scale)
 
     def _make_group(self, store: Any, rank: int, size: int) -> Any:
         opts = dist.ProcessGroupNCCL.Options()
@@ -148,14 +254,17 @@ class NcclBackend(GlooBackend):
                 torch.from_numpy(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
             )
 
-    def scale(self, buf: Buffer, factor: float) -> None:
-        """Multiply ``buf`` by ``factor`` where it lies: on the GPU for a device tensor, on
-        hora's stream (a prescale or Average's postscale), else in host memory."""
+    def scale(self, buf: Buffer, factor: float, dtype: str | None = None) -> None:
+        """Multiply ``buf`` (of hora dtype ``dtype``, else its own type's) by ``factor`` where
+        it lies, with ``reduce_ops.scale``'s rules: on the GPU for a device tensor, on hora's
+        stream (a prescale or Average's postscale), else in host memory."""
         if factor == 1.0:
             return
         if isinstance(buf, torch.Tensor):
             with self._on_stream(buf):
-                buf.mul_(factor)
+                scale_tensor(buf, dtype, factor)
+        elif dtype is not None:
+            reduce_ops.scale(buf, dtype, factor)
         else:
             np.multiply(buf, factor, out=buf, casting="unsafe")
 

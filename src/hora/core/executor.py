@@ -16,6 +16,7 @@ import numpy as np
 from hora.backends.base import Backend, SetComm
 from hora.collectives.reduce_ops import AVERAGE, SUM, reducer, scale
 from hora.collectives.reducescatter_ring import reducescatter_counts
+from hora.core.buffers import BufferOps
 from hora.core.messages import OpType, Response, TensorSpec
 from hora.dtypes import storage_dtype
 from hora.errors import HoraInternalError
@@ -26,7 +27,8 @@ class TensorEntry:
     """One submitted tensor: the request, its arrays and the handle to complete."""
 
     spec_request: Any  # messages.Request
-    array: np.ndarray | None  # input, storage dtype
+    # input, storage dtype; for a DeviceExecutor, a device buffer of its backend's instead
+    array: np.ndarray | None
     output: np.ndarray | None  # caller-provided output (may be ``array`` for in-place)
     complete: Any  # callable(result) -> None
     fail: Any  # callable(exc) -> None
@@ -70,6 +72,17 @@ class FusionBuffer:
 
 
 class Executor:
+    """Runs responses on host (NumPy) buffers; see :class:`DeviceExecutor` for a backend that
+    takes device buffers (the constructor returns one for such a backend)."""
+
+    # the ops of the backend's device buffers (DeviceExecutor); None: host buffers only
+    device_ops: BufferOps | None = None
+
+    def __new__(cls, backend: Backend, timeline: Any = None) -> Executor:
+        if cls is Executor and getattr(backend, "device_buffers", False):
+            cls = DeviceExecutor
+        return super().__new__(cls)
+
     def __init__(self, backend: Backend, timeline: Any = None) -> None:
         self.backend = backend
         self.timeline = timeline
@@ -311,4 +324,194 @@ class Executor:
         )
         self._act([req.name], None)
         scale(out.reshape(-1), req.dtype, post)
+        return out
+
+
+class DeviceExecutor(Executor):
+    """The executor of a backend that takes device buffers (``device_buffers``; NCCL).
+
+    A response whose tensors are all host arrays runs as :class:`Executor` runs it. Otherwise it
+    runs on the device through the backend's ``buffer_ops`` (:class:`~hora.core.buffers.BufferOps`):
+    a fused allreduce is packed into that device's fusion buffer and unpacked with device copies,
+    prescale, postscale and Average's division happen there, a joined rank contributes device
+    zeros, gathered outputs are allocated there and results are handed back as device buffers.
+    Host arrays fused with device buffers are uploaded, and their results downloaded. Which
+    tensors of a fused response are reduced alone (the large ones) is decided as
+    :class:`Executor` decides, so ranks holding host arrays and ranks holding device buffers make
+    the same backend calls (such a backend has no ``reduces_parts``).
+    """
+
+    def __init__(self, backend: Backend, timeline: Any = None) -> None:
+        super().__init__(backend, timeline)
+        self.ops: BufferOps = backend.buffer_ops  # type: ignore[attr-defined]
+        self.device_ops = self.ops
+
+    def _on_device(self, entries: list[TensorEntry | None]) -> bool:
+        """Whether a response runs on the device: it holds a device buffer, or nothing at all
+        (a joined rank's zeros)."""
+        held = [e.array for e in entries if e is not None and e.array is not None]
+        return not held or any(self.ops.owns(a) for a in held)
+
+    def _dev_input(self, spec: TensorSpec, entry: TensorEntry | None) -> Any:
+        """``spec``'s input as a 1-D device buffer (zeros for a joined rank, a host array
+        uploaded)."""
+        req = spec.request
+        _arrived(entry)
+        if entry is None or entry.array is None:
+            return self.ops.zeros(_numel(req.shape), req.dtype)
+        flat = entry.array.reshape(-1)
+        return flat if self.ops.owns(flat) else self.ops.upload(flat, req.dtype)
+
+    def _dev_target(self, spec: TensorSpec, entry: TensorEntry | None) -> Any:
+        """Where ``spec`` is reduced on the device: its output (or a copy of its input)."""
+        src = self._dev_input(spec, entry)
+        if entry is None or entry.array is None:
+            return src  # zeros made for this op
+        out = entry.output
+        if out is None:
+            return self.ops.clone(src)
+        if out is entry.array:
+            return src
+        flat = out.reshape(-1)
+        if self.ops.ptr(flat) != self.ops.ptr(src):
+            self.ops.copy(flat, src)
+        return flat
+
+    def allreduce(
+        self, comm: SetComm, resp: Response, entries: list[TensorEntry | None]
+    ) -> list[Any]:
+        if not self._on_device(entries):
+            return super().allreduce(comm, resp, entries)
+        ops = self.ops
+        req = resp.specs[0].request
+        dtype, op = req.dtype, req.reduce_op
+        post = req.postscale / comm.size if op == AVERAGE else req.postscale
+        red = SUM if op == AVERAGE else op
+        names = resp.names
+        if len(resp.specs) == 1:
+            spec = resp.specs[0]
+            flat = self._dev_target(spec, entries[0])
+            segments = [(0, _numel(spec.request.shape))]
+            self._dev_reduce(comm, resp, flat, dtype, red, req.prescale, post, segments, names)
+            return [flat.reshape(spec.request.shape)]
+        if resp.op == OpType.ALLREDUCE:
+            big = [i for i, s in enumerate(resp.specs) if s.request.nbytes >= IN_PLACE_MIN_BYTES]
+            if big:
+                return self._allreduce_split(comm, resp, entries, big)
+        counts = [_numel(s.request.shape) for s in resp.specs]
+        buf = ops.fusion(sum(counts), dtype)
+        self._act(names, "MEMCPY_IN_FUSION_BUFFER")
+        ops.concat_into([self._dev_input(s, e) for s, e in zip(resp.specs, entries)], buf)
+        segments, off = [], 0
+        for n in counts:
+            segments.append((off, n))
+            off += n
+        self._act(names, None)
+        self._dev_reduce(comm, resp, buf, dtype, red, req.prescale, post, segments, names)
+        self._act(names, "MEMCPY_OUT_FUSION_BUFFER")
+        results: list[Any] = []
+        for spec, entry, (o, n) in zip(resp.specs, entries, segments):
+            piece = buf[o : o + n]
+            if entry is None or entry.array is None:
+                results.append(None)  # a joined rank's: nobody takes it
+            elif not ops.owns(entry.array):  # a host array fused with device buffers
+                out = entry.output
+                got = ops.download(piece, None if out is None else out.reshape(-1))
+                results.append(got.reshape(spec.request.shape) if out is None else out)
+            elif entry.output is not None:
+                ops.copy(entry.output.reshape(-1), piece)
+                results.append(entry.output)
+            else:
+                results.append(ops.clone(piece).reshape(spec.request.shape))
+        self._act(names, None)
+        return results
+
+    def _dev_reduce(
+        self,
+        comm: SetComm,
+        resp: Response,
+        buf: Any,
+        dtype: str,
+        op: int,
+        pre: float,
+        post: float,
+        segments: list[tuple[int, int]],
+        names: list[str],
+    ) -> None:
+        self.ops.scale(buf, dtype, pre)
+        self._act(names, f"{self.backend.name}_{resp.op.name}")
+        if resp.op == OpType.ADASUM:
+            self.backend.adasum(comm, buf, dtype, segments)
+        else:
+            self.backend.allreduce(comm, buf, dtype, op)
+        self._act(names, None)
+        self.ops.scale(buf, dtype, post)
+
+    def allgather(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Any:
+        if not self.ops.owns(entry.array):
+            return super().allgather(comm, spec, entry)
+        req = spec.request
+        _arrived(entry)
+        assert spec.first_dims is not None
+        src: Any = entry.array
+        row = _numel(req.shape[1:])
+        counts = [d * row for d in spec.first_dims]
+        out = self.ops.empty((sum(spec.first_dims),) + req.shape[1:], src)
+        self._act([req.name], f"{self.backend.name}_ALLGATHER")
+        self.backend.allgatherv(comm, src.reshape(-1), out.reshape(-1), counts)
+        self._act([req.name], None)
+        return out
+
+    def broadcast(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Any:
+        if not self.ops.owns(entry.array):
+            return super().broadcast(comm, spec, entry)
+        req, ops = spec.request, self.ops
+        _arrived(entry)
+        root = comm.ranks.index(req.root)
+        src: Any = entry.array
+        out = entry.output if entry.output is not None else ops.empty(req.shape, src)
+        if comm.rank == root and ops.ptr(out) != ops.ptr(src):
+            ops.copy(out.reshape(-1), src.reshape(-1))
+        self._act([req.name], f"{self.backend.name}_BCAST")
+        self.backend.broadcast(comm, out.reshape(-1), root)
+        self._act([req.name], None)
+        return out
+
+    def alltoall(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Any:
+        if not self.ops.owns(entry.array):
+            return super().alltoall(comm, spec, entry)
+        req = spec.request
+        _arrived(entry)
+        m = spec.split_matrix
+        assert m is not None and entry.array is not None
+        row = _numel(req.shape[1:])
+        me = comm.rank
+        recv_rows = [m[j][me] for j in range(comm.size)]
+        out = self.ops.empty((sum(recv_rows),) + req.shape[1:], entry.array)
+        self._act([req.name], f"{self.backend.name}_ALLTOALL")
+        self.backend.alltoallv(comm, entry.array.reshape(-1), [c * row for c in m[me]],
+                               out.reshape(-1), [c * row for c in recv_rows])  # fmt: skip
+        self._act([req.name], None)
+        return out, np.asarray(recv_rows, dtype=np.int32)
+
+    def reducescatter(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Any:
+        if not self.ops.owns(entry.array):
+            return super().reducescatter(comm, spec, entry)
+        req, ops = spec.request, self.ops
+        _arrived(entry)
+        assert entry.array is not None
+        rows = reducescatter_counts(req.shape[0], comm.size)
+        row = _numel(req.shape[1:])
+        send = entry.array.reshape(-1)
+        if req.prescale != 1.0:  # the caller's tensor stays as it is
+            send = ops.clone(send)
+            ops.scale(send, req.dtype, req.prescale)
+        out = ops.empty((rows[comm.rank],) + req.shape[1:], entry.array)
+        op = req.reduce_op
+        post = req.postscale / comm.size if op == AVERAGE else req.postscale
+        self._act([req.name], f"{self.backend.name}_REDUCESCATTER")
+        self.backend.reducescatterv(comm, send, out.reshape(-1), [r * row for r in rows],
+                                    req.dtype, SUM if op == AVERAGE else op)  # fmt: skip
+        self._act([req.name], None)
+        ops.scale(out.reshape(-1), req.dtype, post)
         return out

@@ -15,6 +15,7 @@ import numpy as np
 
 from hora.collectives.reduce_ops import ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM
 from hora.core import runtime as _rt
+from hora.core.buffers import DeviceArray
 from hora.core.executor import TensorEntry
 from hora.core.handles import Handle, HandleTable, Key, in_flight
 from hora.core.messages import OpType, Request
@@ -46,7 +47,12 @@ def _set_id(process_set: ProcessSet | None) -> int:
 
 
 def _array(x: Any, dtype: str | None) -> tuple[np.ndarray, str, np.dtype]:
-    arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if isinstance(x, np.ndarray):
+        arr = x
+    elif isinstance(x, DeviceArray):  # a device buffer for a backend that takes it as it is
+        return x.data, x.dtype, x.data.dtype
+    else:
+        arr = np.asarray(x)
     if not arr.flags.c_contiguous:
         raise ValueError("Tensor is required to be contiguous.")
     name = dtype if dtype is not None else name_of(arr.dtype)

@@ -12,8 +12,16 @@ a "copied" event; :meth:`Staged.ready` waits on that event only. The way back co
 into pinned memory and then to the device on hora's copy stream, and makes the caller's stream
 (the one current when the tensor was staged) wait on a "done" event: nothing waits on the host.
 A pinned buffer goes back to its pool when its NumPy view is dropped, and is reused only after
-the last copy out of it has completed. Until the engine can call ``ready()`` just before it
-first reads a buffer, :func:`stage` calls it itself (``defer=False``).
+the last copy out of it has completed. With ``defer`` the engine calls ``ready()`` just before it
+first reads the buffer, in its own thread; else :func:`stage` calls it itself.
+
+When the job's backend takes device buffers (NCCL; ``hora.core.buffers``), a tensor on that
+backend's device is not staged at all (:func:`stage_direct`): the engine gets the tensor itself,
+wrapped as a ``DeviceArray``, and an event recorded on the caller's stream that the engine
+thread's stream waits on before it touches the tensor (``ready()``: no host wait). Results come
+back as device tensors; the engine thread's stream, which the backend made wait for the
+collective, records an event that the caller's stream waits on (:func:`to_tensor`,
+:func:`write_back`).
 
 ``stage`` runs in the caller's thread; ``to_tensor``/``write_back`` run wherever the result is
 finalized (the engine thread). All functions are pure apart from the in-place write-back and the
@@ -30,6 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hora.core import runtime as _rt
+from hora.core.buffers import DeviceArray
 from hora.errors import HoraInternalError, UnsupportedTypeError
 from hora.torch import device as _device
 from hora.torch.device import DeviceRuntime, PinnedPool
@@ -79,23 +89,32 @@ class Staged:
     ``array`` is what the engine reads (and writes, for in-place ops); it aliases ``tensor``
     unless ``copied``. ``dtype`` is the hora dtype override to pass along (``"bfloat16"``) or None.
     For a device tensor, ``runtime``, ``stream`` (the caller's stream), ``event`` (the copy into
-    ``array`` is complete) and ``lease`` (the pinned buffer under ``array``) are set.
+    ``array`` is complete) and ``lease`` (the pinned buffer under ``array``) are set. ``direct``:
+    ``array`` is a ``DeviceArray`` of the tensor's own memory (a backend that takes device
+    buffers), and ``event`` marks the caller's work on it so far.
     """
 
     tensor: torch.Tensor
-    array: np.ndarray
+    array: np.ndarray | DeviceArray
     dtype: str | None
     copied: bool
     runtime: DeviceRuntime | None = None
     stream: Any = None
     event: Any = None
     lease: _Lease | None = None
+    direct: bool = False
 
     def ready(self) -> None:
         """Wait until ``array`` holds the tensor's data (at once for CPU tensors). Called by
-        whichever thread reads ``array`` first; cheap to call again."""
-        if self.runtime is not None and self.event is not None:
-            self.runtime.event_synchronize(self.event)
+        whichever thread reads ``array`` first; cheap to call again. For a direct tensor, the
+        calling thread's stream waits on the caller's event instead (the host goes on)."""
+        rt = self.runtime
+        if rt is None or self.event is None:
+            return
+        if self.direct:
+            rt.stream_wait_event(rt.current_stream(self.tensor.device), self.event)
+        else:
+            rt.event_synchronize(self.event)
 
 
 def check_tensor(tensor: object, what: str = "tensor") -> torch.Tensor:
@@ -132,6 +151,9 @@ def stage(
     ``defer`` the copy may still be in flight, and the reader must call ``ready()`` first.
     """
     check_tensor(tensor, what)
+    direct = direct_device()
+    if direct is not None and tensor.device == direct:
+        return stage_direct(tensor, runtime or _device.runtime())
     if tensor.device.type == "cuda":
         rt = runtime or _device.runtime()
         if rt is not None:
@@ -146,6 +168,47 @@ def stage(
         copied = True
     array, dtype = _numpy(host.resolve_conj().resolve_neg())
     return Staged(tensor, array, dtype, copied)
+
+
+def direct_device() -> torch.device | None:
+    """The device whose tensors the job's backend takes as they are (NCCL's GPU), else None."""
+    if not _rt.is_initialized():
+        return None
+    try:
+        ops = _rt.runtime().engine.executor.device_ops
+    except ValueError:  # shut down meanwhile: the op itself says so
+        return None
+    return None if ops is None else ops.device  # type: ignore[no-any-return]
+
+
+def stage_direct(tensor: torch.Tensor, rt: DeviceRuntime | None) -> Staged:
+    """A tensor on the job's device handed to the engine as it is: no copy unless it is not
+    contiguous (the copy runs on the caller's stream). With ``rt``, an event on the caller's
+    stream marks its work on the tensor so far; the engine's stream waits on it (``ready()``,
+    called by the engine through ``engine_waits``). Caller's thread."""
+    own = tensor.detach()
+    src = own.contiguous().resolve_conj().resolve_neg()
+    copied = src.data_ptr() != own.data_ptr()
+    user = event = None
+    if rt is not None:
+        user = rt.current_stream(tensor.device)
+        event = rt.record_event(user)
+        _remember_stream(tensor, user)
+    array = DeviceArray(src, _WIRE_NAMES[src.dtype])
+    return Staged(tensor, array, None, copied, rt, user, event, None, True)
+
+
+def _hand_back(rt: DeviceRuntime | None, user: Any, result: torch.Tensor, new: bool) -> None:
+    """Order the caller's stream ``user`` after the engine's work on a direct ``result``
+    (engine thread): this thread's stream, which the backend made wait for the collective,
+    records an event the caller's stream waits on; a ``new`` tensor is marked in use there."""
+    if rt is None or user is None:
+        return
+    here = rt.current_stream(result.device)
+    if user != here:
+        rt.stream_wait_event(user, rt.record_event(here))
+        if new:
+            rt.keep_alive(result, user)
 
 
 def stage_device(tensor: torch.Tensor, rt: DeviceRuntime, defer: bool = False) -> Staged:
@@ -221,9 +284,13 @@ def _upload(rt: DeviceRuntime, dst: torch.Tensor, src: torch.Tensor, user: Any) 
     return done
 
 
-def to_tensor(array: np.ndarray, like: torch.Tensor, runtime: DeviceRuntime | None = None
-              ) -> torch.Tensor:  # fmt: skip
-    """Wrap a result array as a tensor with ``like``'s dtype and device (no copy on CPU)."""
+def to_tensor(array: np.ndarray | torch.Tensor, like: torch.Tensor,
+              runtime: DeviceRuntime | None = None) -> torch.Tensor:  # fmt: skip
+    """Wrap a result array as a tensor with ``like``'s dtype and device (no copy on CPU); a
+    device result (a direct tensor's) is already one, and the caller's stream waits for it."""
+    if isinstance(array, torch.Tensor):
+        _hand_back(runtime or _device.runtime(), _stream_of(like), array, True)
+        return array
     if like.device.type == "cuda":
         rt = runtime or _device.runtime()
         if rt is not None:
@@ -244,8 +311,14 @@ def to_device(array: np.ndarray, like: torch.Tensor, rt: DeviceRuntime) -> torch
     return out.view(array.shape)
 
 
-def write_back(staged: Staged, result: np.ndarray) -> torch.Tensor:
+def write_back(staged: Staged, result: np.ndarray | torch.Tensor) -> torch.Tensor:
     """Finish an in-place op: the user's tensor, holding ``result``."""
+    if isinstance(result, torch.Tensor):  # a direct tensor's: the engine wrote the tensor
+        target = staged.tensor.data
+        if result.data_ptr() != target.data_ptr():  # it was not contiguous
+            target.copy_(result.view(target.shape))
+        _hand_back(staged.runtime, staged.stream, target, False)
+        return staged.tensor
     if staged.runtime is not None:
         return _write_back_device(staged, result)
     if staged.copied or not np.may_share_memory(result, staged.array):

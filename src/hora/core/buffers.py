@@ -1,0 +1,75 @@
+"""Device buffers through the engine: the seam between the executor and a device's memory.
+
+The engine works on host (NumPy) buffers. A backend that can work on a device's memory itself
+(NCCL on a GPU) says so with ``device_buffers = True`` and offers ``buffer_ops``, a
+:class:`BufferOps` for the buffers of its device; the executor then takes such buffers as they
+are (``executor.DeviceExecutor``): it fuses them into a buffer on the device, scales them there,
+gives joined ranks device zeros to contribute, allocates gathered outputs there and hands back
+device buffers, never copying through host memory. The core never imports the framework: to
+it a device buffer is opaque, reached only through ``BufferOps`` and the two methods NumPy
+arrays and torch tensors share (``reshape`` and slicing).
+
+A framework binding hands such a buffer to the op surface wrapped in :class:`DeviceArray`, with
+its hora dtype name (``"float32"``, ``"bfloat16"``, ...): the op surface validates its shape and
+dtype as it does an array's and submits the buffer itself (``frameworks.submit``).
+
+Thread: ``DeviceArray`` is made in the caller's thread; ``BufferOps`` runs in the engine thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class DeviceArray:
+    """A device buffer handed to the op surface as it is, for a backend that takes device
+    buffers: ``data`` (contiguous, shaped as the tensor) and its hora dtype name."""
+
+    __slots__ = ("data", "dtype")
+
+    def __init__(self, data: Any, dtype: str) -> None:
+        self.data, self.dtype = data, dtype
+
+
+class BufferOps(Protocol):
+    """What the executor does to one device's buffers; all work is ordered on the engine
+    thread's current stream of that device (the backend orders its own stream after it and it
+    after the collective). Buffers are 1-D unless said otherwise."""
+
+    device: Any  # where the buffers live (a ``torch.device``)
+
+    def owns(self, x: Any) -> bool:
+        """Whether ``x`` is a buffer of this kind (else a host array)."""
+
+    def empty(self, shape: tuple[int, ...], like: Any) -> Any:
+        """A new buffer of ``shape`` with ``like``'s element type."""
+
+    def zeros(self, count: int, dtype: str) -> Any:
+        """``count`` zeros of hora dtype ``dtype`` (a joined rank's contribution)."""
+
+    def fusion(self, count: int, dtype: str) -> Any:
+        """A view of ``count`` elements of the persistent fusion buffer (grown on demand)."""
+
+    def concat_into(self, parts: Sequence[Any], out: Any) -> None:
+        """Copy ``parts`` one after another into ``out``."""
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """``dst[...] = src``."""
+
+    def clone(self, x: Any) -> Any:
+        """A new buffer holding ``x``."""
+
+    def scale(self, buf: Any, dtype: str, factor: float) -> None:
+        """``buf *= factor`` on the device, with ``reduce_ops.scale``'s rules (integers truncated
+        toward zero, bool stays 0/1, float16 and bfloat16 through float32)."""
+
+    def ptr(self, x: Any) -> int:
+        """The address of ``x``'s first element (to tell a buffer from its copy)."""
+
+    def upload(self, host: Any, dtype: str) -> Any:
+        """A host array of hora dtype ``dtype`` as a new buffer on the device (a fused response
+        that mixes host arrays with device buffers)."""
+
+    def download(self, x: Any, out: Any) -> Any:
+        """``x`` as a host array: written into the host array ``out`` if given, else new."""
