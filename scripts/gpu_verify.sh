@@ -55,8 +55,12 @@ TESTS=(
     tests/unit/torch/test_device_staging.py
     tests/unit/backends/test_nccl_backend.py
     tests/unit/backends/test_nccl_settings.py
+    tests/unit/backends/test_nccl_device_buffers.py
+    tests/unit/torch/test_device_direct.py
     tests/integration/test_torch_cuda.py
     tests/integration/test_backends.py
+    tests/integration/test_device_buffers.py
+    tests/integration/test_data_arriving.py
     tests/unit/lab/test_gpu_bench.py
     tests/unit/lab/test_gpu_sampler.py
 )
