@@ -1,9 +1,10 @@
 """horovod.torch's collectives on torch tensors: async, in-place, grouped, sparse and control.
 
 Each function is a thin adapter over ``hora.frameworks.ops``: it stages the tensors
-(``hora.torch.adapter``: a NumPy view of CPU memory, a host copy for CUDA), calls the op with
-``dtype=`` for bfloat16 and a ``finalize=`` that turns the NumPy result into a tensor, and returns
-the op's handle, which ``poll``/``synchronize`` accept (as does its ``int``). The blocking,
+(``hora.torch.adapter``: a NumPy view of CPU memory, a pinned host copy for CUDA whose wait the
+engine does, or the CUDA tensor itself when the job's backend takes device buffers), calls the
+op with ``dtype=`` for bfloat16 and a ``finalize=`` that turns the result into a tensor, and
+returns the op's handle, which ``poll``/``synchronize`` accept (as does its ``int``). The blocking,
 differentiable forms (``allreduce``, ``allgather``, ...) live in ``hora.torch.autograd``.
 
 Submission runs in the caller's thread and validates eagerly; finalizers run in the engine thread.
