@@ -238,7 +238,8 @@ def _base_env() -> dict[str, str]:
 
 
 def _worker_cmd(backend: str, plan_path: str) -> list[str]:
-    return [sys.executable, "-m", "hora.lab.workers", backend, plan_path]
+    module = "hora.lab.gpu_workers" if backend in gpu.CUDA_BACKENDS else "hora.lab.workers"
+    return [sys.executable, "-m", module, backend, plan_path]
 
 
 def _start(cmd: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:

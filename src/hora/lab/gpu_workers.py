@@ -1,7 +1,8 @@
 """The measuring side of ``hora bench allreduce --device cuda``: one process per rank and GPU.
 
-:mod:`hora.lab.workers` runs these for the CUDA backends (``python -m hora.lab.workers
-<hora-nccl|hora-staged|nccl> <plan.json>``), with the plan and result file of the CPU workers.
+The bench starts these for the CUDA backends (``python -m hora.lab.gpu_workers
+<hora-nccl|hora-staged|nccl> <plan.json>``), with the plan and result file of the CPU workers
+(:mod:`hora.lab.workers`, whose timing helpers and command line they share).
 Rank ``r`` works on ``cuda:<local rank>``. Every backend reduces a float32 CUDA tensor in place
 with Sum: ``hvd.allreduce_(t, op=hvd.Sum)`` through :mod:`hora.torch` (on the backend the
 variant's name promises, checked: a worker that hora put on another backend fails), or
@@ -20,12 +21,13 @@ hora.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from hora.lab.gpu import EXPECTED_BACKEND
-from hora.lab.workers import Call, Sink, time_batch
+from hora.lab.workers import Call, Sink, main, time_batch
 
 MakeCall = Callable[[Any, int], Call]
 
@@ -130,3 +132,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hora-staged": run_hora_cuda,
     "nccl": run_nccl,
 }
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], RUNNERS, "hora.lab.gpu_workers"))

@@ -37,8 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from hora.lab.gpu import CUDA_BACKENDS
-
 Call = Callable[[], Any]
 
 
@@ -312,33 +310,23 @@ def run_mpi(plan: dict[str, Any]) -> None:
     measure_sizes(plan, rank, size, Sink(plan["out"], rank, "mpi"), make_call, comm.Barrier)
 
 
-def _on_cuda(backend: str) -> Callable[[dict[str, Any]], None]:
-    """The CUDA backend's runner, from :mod:`hora.lab.gpu_workers` (imported when it runs)."""
-
-    def run(plan: dict[str, Any]) -> None:
-        from hora.lab import gpu_workers
-
-        gpu_workers.RUNNERS[backend](plan)
-
-    return run
-
-
 RUNNERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hora": run_hora,
     "hora-tcp": run_hora,
     "gloo": run_gloo,
     "mpi": run_mpi,
-    **{name: _on_cuda(name) for name in CUDA_BACKENDS},
 }
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in RUNNERS:
-        sys.stderr.write(f"usage: python -m hora.lab.workers {{{'|'.join(RUNNERS)}}} PLAN.json\n")
+def main(argv: list[str], runners: dict[str, Callable[[dict[str, Any]], None]] = RUNNERS,
+         module: str = "hora.lab.workers") -> int:
+    """``python -m <module> BACKEND PLAN.json``: run ``runners[BACKEND]`` on the plan."""
+    if len(argv) != 2 or argv[0] not in runners:
+        sys.stderr.write(f"usage: python -m {module} {{{'|'.join(runners)}}} PLAN.json\n")
         return 2
     with open(argv[1]) as f:
         plan = json.load(f)
-    RUNNERS[argv[0]](plan)
+    runners[argv[0]](plan)
     return 0
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hora.lab import allreduce as bench
-from hora.lab import gpu, report, workers
+from hora.lab import gpu, gpu_workers, report
 
 HAS_GPU = torch.cuda.is_available()
 NEEDS_GPU = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (torch sees none)")
@@ -123,7 +123,9 @@ def test_cuda_workers_get_their_backend_and_identity(
         ("1", "1", "2"),
     ]
     assert nccl[0][1]["MASTER_ADDR"] == "127.0.0.1"
-    assert all(name in workers.RUNNERS for name in gpu.CUDA_BACKENDS)
+    # the CUDA workers run from their own module, which has a runner for each
+    assert all(cmd[2] == "hora.lab.gpu_workers" for cmd, _ in nccl_hora + staged + nccl)
+    assert set(gpu_workers.RUNNERS) == set(gpu.CUDA_BACKENDS)
 
 
 def test_short_of_devices_says_how_many(monkeypatch: pytest.MonkeyPatch) -> None:
