@@ -103,6 +103,10 @@ def spawn_ranks(
                 }
             )
             e.update(env or {})
+            # the tests' shared helpers (cuda_fakes, ...) import in the ranks as here
+            e["PYTHONPATH"] = os.pathsep.join(
+                p for p in (e.get("PYTHONPATH"), os.path.dirname(os.path.abspath(__file__))) if p
+            )
             err = open(f"{path}.{r}.stderr", "wb")  # noqa: SIM115 - closed below
             errs.append(err)
             procs.append(

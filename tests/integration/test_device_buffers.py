@@ -4,8 +4,8 @@ hora.torch hands the engine the tensors themselves (no pinned staging, no NumPy 
 executor fuses, scales and allocates on the device and hands back device tensors.
 
 Without a GPU the ranks run the NCCL backend class over Gloo groups on CPU tensors, which stand
-in for the GPU's: torch.cuda's streams and events are replaced by a fake (``FakeStreams``, as in
-tests/unit/backends/test_nccl_backend.py) and hora.torch's stream runtime by
+in for the GPU's: torch.cuda's streams and events are replaced by a fake (``FakeStreams``, from
+tests/cuda_fakes.py, as the backend unit tests use) and hora.torch's stream runtime by
 ``FakeCudaRuntime``. Every backend call is recorded: each must get tensors, never host arrays,
 and no pinned buffer is taken nor any tensor turned into NumPy. With a GPU, the same ops run
 through real NCCL on CUDA tensors (one rank: NCCL takes one rank per GPU).
@@ -13,13 +13,11 @@ through real NCCL on CUDA tensors (one rank: NCCL takes one rank per GPU).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
+from cuda_fakes import FakeStreams, nccl_on_cpu
 from harness import run_ranks
 
 try:
@@ -33,68 +31,22 @@ NO_GPU = "needs a CUDA GPU with NCCL: torch.cuda.is_available() is False here " 
     "(run scripts/gpu_verify.sh)"  # fmt: skip
 
 
-class FakeStreams:
-    """torch.cuda's current_stream, Event and stream on CPU: logs (thread, what, stream)."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, str, str]] = []
-        self.current = threading.local()
-
-    def current_stream(self, device: Any = None) -> FakeStream:
-        return FakeStream(self.log, getattr(self.current, "stream", "current"))
-
-    def Event(self) -> Any:  # noqa: N802 - torch.cuda.Event's name
-        log = self.log
-
-        class Ev:
-            def record(self, stream: FakeStream) -> None:
-                log.append((threading.current_thread().name, "record", stream.name))
-
-        return Ev()
-
-    @contextmanager
-    def stream(self, s: Any) -> Iterator[None]:
-        before = getattr(self.current, "stream", "current")
-        self.current.stream = s.name
-        try:
-            yield
-        finally:
-            self.current.stream = before
-
-
-class FakeStream:
-    def __init__(self, log: list[tuple[str, str, str]], name: str) -> None:
-        self.log, self.name = log, name
-
-    def wait_event(self, event: Any) -> None:
-        self.log.append((threading.current_thread().name, "wait", self.name))
-
-
 def _fake_gpu(calls: list[str]) -> Any:
     """Patch this process: torch.cuda's streams faked, the engine's backend an NcclBackend
     over Gloo on the CPU, whose collectives record the kind of buffer they get; hora.torch's
     stream runtime a FakeCudaRuntime. Returns that runtime."""
     import numpy as np
-    import torch
 
     import hora.backends.registry as registry
-    from hora.backends.gloo import GlooBackend
     from hora.backends.nccl import NcclBackend
     from hora.torch import device
     from hora.torch.device import FakeCudaRuntime
 
     fake = FakeStreams()
-    torch.cuda.current_stream = fake.current_stream  # type: ignore[assignment]
-    torch.cuda.Event = fake.Event  # type: ignore[assignment,misc]
-    torch.cuda.stream = fake.stream  # type: ignore[assignment]
+    fake.install()
 
     def make(name: str, ctx: Any) -> NcclBackend:
-        b = object.__new__(NcclBackend)
-        GlooBackend.__init__(b, ctx)
-        b._device = torch.device("cpu")  # the "GPU"
-        b._stream = FakeStream(fake.log, "hora")  # type: ignore[assignment]
-        b.last_done = None
-        b._make_group = lambda *a: GlooBackend._make_group(b, *a)  # type: ignore[method-assign]
+        b = nccl_on_cpu(ctx, fake)
         for op in ("allreduce", "allgatherv", "broadcast", "alltoallv", "reducescatterv"):
             real = getattr(b, op)
 

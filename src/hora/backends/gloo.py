@@ -147,16 +147,24 @@ class GlooBackend:
         self._timeout = timedelta(seconds=ctx.settings.gloo_timeout_seconds)
         self._groups: dict[int, Any] = {}
         self._registered = 0  # sets registered so far: the same count on every rank
+        self._keys: dict[int, str] = {}  # each set's store prefix
 
     # -- process sets -----------------------------------------------------------------------
     def add_process_set(self, ps_id: int, ranks: list[int]) -> None:
         self._registered += 1
         if self._rank not in ranks:
             return
-        key = f"{self._prefix}/{self.name.lower()}/{self._registered}/"
-        store = StoreAdapter(self._client, key) if self._client is not None else dist.HashStore()
+        self._keys[ps_id] = f"{self._prefix}/{self.name.lower()}/{self._registered}/"
+        store = self._store(ps_id)
         self._groups[ps_id] = self._make_group(store, ranks.index(self._rank), len(ranks))
         log.debug("%s group for process set %d (ranks %s) ready", self.name, ps_id, ranks)
+
+    def _store(self, ps_id: int, suffix: str = "") -> Any:
+        """The store for a group of the process set ``ps_id`` (its own key prefix, plus
+        ``suffix`` for more groups of the same set)."""
+        if self._client is None:
+            return dist.HashStore()
+        return StoreAdapter(self._client, self._keys[ps_id] + suffix)
 
     def _make_group(self, store: Any, rank: int, size: int) -> Any:
         before = set(_thread_names())  # the device starts the loop thread, the group others

@@ -38,10 +38,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hora.backends import two_level
 from hora.backends.base import SetComm
 from hora.backends.gloo import _BOOL_OPS, _OPS, GlooBackend, split
 from hora.backends.registry import BackendContext
-from hora.collectives import reduce_ops, registry
+from hora.collectives import hierarchical, reduce_ops, registry
 from hora.dtypes import DTYPES, FLOATING
 
 NEEDS_GPU = (
@@ -172,6 +173,9 @@ class NcclBackend(GlooBackend):
     name = "NCCL"
     # the engine hands it device tensors as they are (core.buffers; core.executor.DeviceExecutor)
     device_buffers = True
+    # HOROVOD_HIERARCHICAL_ALLREDUCE: each set's two-level groups, made at its first allreduce
+    _hierarchical = False
+    _levels: dict[int, two_level.TwoLevel | None] | None = None
 
     def __init__(self, ctx: BackendContext) -> None:
         if not torch.cuda.is_available():
@@ -183,11 +187,37 @@ class NcclBackend(GlooBackend):
         torch.cuda.set_device(self._device)
         self._stream = torch.cuda.Stream(device=self._device)
         self.last_done: Any = None  # the "done" event of the latest collective
+        self._hierarchical = self.wants_two_level(ctx.settings)
 
     @cached_property
     def buffer_ops(self) -> DeviceBufferOps:
         """What the engine's executor does to this GPU's tensors (made on first use)."""
         return DeviceBufferOps(self._device, self.scale)
+
+    @staticmethod
+    def wants_two_level(settings: Any) -> bool:
+        """Whether the settings ask for the hierarchical allreduce (torus allreduce is accepted
+        and runs as hierarchical)."""
+        return bool(settings.hierarchical_allreduce or settings.torus_allreduce)
+
+    def _two_level(self, comm: SetComm) -> two_level.TwoLevel | None:
+        """The set's groups for a hierarchical allreduce (``HOROVOD_HIERARCHICAL_ALLREDUCE``),
+        made at its first allreduce; None where the flat allreduce serves it."""
+        if self._levels is None:
+            self._levels = {}
+        ps = comm.process_set_id
+        if ps not in self._levels:
+            layout = hierarchical.layout_of(comm)
+            self._levels[ps] = None if layout is None else two_level.build(
+                layout.hosts, comm.rank, self._make_group,
+                lambda key: self._store(ps, f"hier/{key}"),
+            )
+        return self._levels[ps]
+
+    def remove_process_set(self, ps_id: int, ranks: list[int]) -> None:
+        super().remove_process_set(ps_id, ranks)
+        if self._levels is not None:
+            self._levels.pop(ps_id, None)
 
     def _make_group(self, store: Any, rank: int, size: int) -> Any:
         opts = dist.ProcessGroupNCCL.Options()
@@ -279,9 +309,13 @@ class NcclBackend(GlooBackend):
             return
         opts = dist.AllreduceOptions()
         opts.reduceOp = (_BOOL_OPS if dtype == "bool" else _OPS)[op]
+        levels = self._two_level(comm) if self._hierarchical else None
         with self._on_stream(buf):
             t = self._device_view(buf, dtype)
-            self._group(comm).allreduce([t], opts).wait()
+            if levels is not None:  # inside each host, then across hosts
+                levels.allreduce(t, opts.reduceOp)
+            else:
+                self._group(comm).allreduce([t], opts).wait()
             self._result(t, buf)
 
     def reducescatterv(self, comm: SetComm, send: Buffer, recv: Buffer,

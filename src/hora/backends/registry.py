@@ -8,8 +8,11 @@ GPU backend does: ``HOROVOD_GPU_OPERATIONS``, or Horovod's per-op ``HOROVOD_GPU_
 ``_ALLGATHER``, ``_BROADCAST``, ``_ALLTOALL``, ``_REDUCESCATTER`` (NCCL or MPI, any case). In
 Horovod each per-op variable overrides ``HOROVOD_GPU_OPERATIONS`` for its op; hora runs every
 collective of a job through one backend, so ``hora.settings`` refuses GPU backends that differ
-and ``Settings.gpu_operations`` holds the one named. The engine carries host buffers (CUDA
-tensors are staged through pinned host memory, see ``hora.torch.adapter``). Without a GPU the
+and ``Settings.gpu_operations`` holds the one named. With NCCL the engine carries CUDA tensors
+as they are (``device_buffers``, ``core.executor.DeviceExecutor``); a CPU backend gets host
+buffers, CUDA tensors staged through pinned host memory (``hora.torch.adapter``). With
+``HOROVOD_HIERARCHICAL_ALLREDUCE`` NCCL reduces inside each host, then across hosts
+(``backends.two_level``). Without a GPU the
 GPU variables are ignored (Horovod build environments often carry them). Optional dependencies
 are imported only when their backend is chosen, so the core never needs them.
 Runs in the user thread during ``init``.
@@ -61,10 +64,6 @@ def select(settings: Settings) -> str:
         log.info("HOROVOD_GPU_OPERATIONS=%s ignored: no GPU here", settings.gpu_operations)
     raw = (chosen or "").strip().lower()
     name = ALIASES.get(raw, raw)
-    if name == "nccl" and settings.hierarchical_allreduce:
-        # Horovod's hierarchical NCCL allreduce (NCCL in a host, MPI across hosts) is not
-        # built here; NCCL's own rings and trees already follow the hosts' topology.
-        log.info("HOROVOD_HIERARCHICAL_ALLREDUCE has no effect on the NCCL backend")
     if name in NOT_BUILT:  # as Horovod answers when it was built without the library
         raise ValueError(
             f"HOROVOD_CPU_OPERATIONS/HOROVOD_GPU_OPERATIONS={raw!r}: {name.upper()} "

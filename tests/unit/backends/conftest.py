@@ -1,4 +1,5 @@
-"""The backend tests' store: a real rendezvous store with one client per rank."""
+"""The backend tests' fixtures: a real rendezvous store with one client per rank, and a fake of
+torch.cuda's streams (the GPU, which these machines lack)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cuda_fakes import FakeStreams
 from hora.rendezvous.client import StoreClient
 from hora.rendezvous.server import RendezvousServer
 
@@ -23,3 +25,11 @@ def store() -> Iterator[list[StoreClient]]:
         c.close()
     server.stop()
 
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeStreams:
+    """torch.cuda's streams and events replaced by a fake that logs their order (no GPU)."""
+    fake = FakeStreams()
+    fake.install(monkeypatch.setattr)
+    return fake

@@ -7,9 +7,7 @@ checked against the CPU result."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,9 +15,9 @@ import pytest
 import torch
 from backend_ranks import run_two_ranks
 
+from cuda_fakes import FakeStreams, nccl_on_cpu
 from hora.backends import nccl
 from hora.backends.base import SetComm
-from hora.backends.gloo import GlooBackend
 from hora.backends.nccl import NcclBackend
 from hora.backends.registry import BackendContext
 from hora.collectives.reduce_ops import MAX, MIN, SUM
@@ -32,72 +30,10 @@ NO_GPU = "needs a CUDA GPU with NCCL: torch.cuda.is_available() is False here " 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
 
 
-class FakeStreams:
-    """A fake of torch.cuda's streams and events: logs (thread's rank, what, stream)."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[str, str, str]] = []
-        self.current = threading.local()
-
-    def who(self) -> str:
-        return threading.current_thread().name
-
-    def current_stream(self, device: Any = None) -> FakeStream:
-        return FakeStream(self.log, getattr(self.current, "stream", "caller"))
-
-    def Event(self) -> Any:  # noqa: N802 - torch.cuda.Event's name
-        fake = self
-
-        class Ev:
-            def record(self, stream: FakeStream) -> None:
-                fake.log.append((fake.who(), "record", stream.name))
-
-        return Ev()
-
-    @contextmanager
-    def stream(self, s: Any) -> Iterator[None]:
-        before = self.current_stream().name
-        self.current.stream = s.name
-        self.log.append((self.who(), "enter", s.name))
-        try:
-            yield
-        finally:
-            self.current.stream = before
-            self.log.append((self.who(), "exit", s.name))
-
-
-class FakeStream:
-    def __init__(self, log: list[tuple[str, str, str]], name: str) -> None:
-        self.log, self.name = log, name
-
-    def wait_event(self, event: Any) -> None:
-        self.log.append((threading.current_thread().name, "wait", self.name))
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeStreams:
-    fake = FakeStreams()
-    monkeypatch.setattr(torch.cuda, "current_stream", fake.current_stream)
-    monkeypatch.setattr(torch.cuda, "Event", fake.Event)
-    monkeypatch.setattr(torch.cuda, "stream", fake.stream)
-    return fake
-
-
-def cpu_backend(ctx: BackendContext, fake: FakeStreams) -> NcclBackend:
-    """An NcclBackend whose "GPU" is the CPU and whose groups are Gloo's (no GPU here)."""
-    b = object.__new__(NcclBackend)
-    GlooBackend.__init__(b, ctx)
-    b._device = torch.device("cpu")
-    b._stream = FakeStream(fake.log, "hora")  # type: ignore[assignment]
-    b.last_done = None
-    b._make_group = lambda *a: GlooBackend._make_group(b, *a)  # type: ignore[method-assign]
-    return b
-
-
 def two_ranks(store: list[StoreClient], fake: FakeStreams,
               work: Callable[[NcclBackend, SetComm], Any]) -> list[Any]:  # fmt: skip
     def make(ctx: BackendContext) -> NcclBackend:
-        b = cpu_backend(ctx, fake)
+        b = nccl_on_cpu(ctx, fake)
         b.add_process_set(0, [0, 1])
         return b
 
@@ -203,7 +139,7 @@ def test_world_of_one_int16_falls_back_to_horas_algorithm_and_copies_back(
     fake_cuda: FakeStreams,
 ) -> None:
     ctx = BackendContext(Identity(rank=0, size=1), load({}), None, None, "t")
-    b = cpu_backend(ctx, fake_cuda)
+    b = nccl_on_cpu(ctx, fake_cuda)
     b.add_process_set(0, [0])
     comm = SetComm([0], 0, None, 0)  # type: ignore[arg-type]
     t = torch.tensor([1, -2, 3], dtype=torch.int16)
@@ -220,7 +156,7 @@ def test_world_of_one_int16_falls_back_to_horas_algorithm_and_copies_back(
 
 def test_a_tensor_on_another_device_is_a_clear_error(fake_cuda: FakeStreams) -> None:
     ctx = BackendContext(Identity(rank=0, size=1), load({}), None, None, "t")
-    b = cpu_backend(ctx, fake_cuda)
+    b = nccl_on_cpu(ctx, fake_cuda)
     b._device = torch.device("cuda", 0)  # what a GPU rank would have; nothing runs there
     b.add_process_set(0, [0])
     with pytest.raises(ValueError, match=r"works on cuda:0, got a tensor on cpu.*set_device"):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from backend_ranks import run_two_ranks
-from test_nccl_backend import FakeStreams, cpu_backend, fake_cuda  # noqa: F401 - a fixture
 
+from cuda_fakes import FakeStreams, nccl_on_cpu
 from hora.backends.base import SetComm
 from hora.backends.nccl import DeviceBufferOps, NcclBackend, scale_tensor
 from hora.backends.registry import BackendContext
@@ -72,12 +72,12 @@ def test_buffer_ops_fusion_buffer_grows_and_views_each_dtype() -> None:
 
 
 def test_a_backend_that_takes_device_buffers_gets_the_device_executor(
-    fake_cuda: FakeStreams,  # noqa: F811 - the fixture
+    fake_cuda: FakeStreams,
 ) -> None:
     from hora.identity import Identity
     from hora.settings import load
 
-    b = cpu_backend(BackendContext(Identity(rank=0, size=1), load({}), None, None, "t"),
+    b = nccl_on_cpu(BackendContext(Identity(rank=0, size=1), load({}), None, None, "t"),
                     fake_cuda)  # fmt: skip
     ex = Executor(b)
     assert isinstance(ex, DeviceExecutor) and ex.device_ops is b.buffer_ops
@@ -99,7 +99,7 @@ def _entry(req: Request, array: Any, output: Any = None) -> TensorEntry:
 
 @pytest.mark.timeout(60)
 def test_a_fused_allreduce_mixing_host_arrays_and_device_tensors(
-    store: list[StoreClient], fake_cuda: FakeStreams  # noqa: F811 - the fixture
+    store: list[StoreClient], fake_cuda: FakeStreams
 ) -> None:
     """Rank 0 holds a device tensor and a host array in one fused response, rank 1 host arrays
     only (it runs the host path): the same backend call on both, every result where its input
@@ -129,7 +129,7 @@ def test_a_fused_allreduce_mixing_host_arrays_and_device_tensors(
 
 @pytest.mark.timeout(60)
 def test_a_joined_rank_contributes_device_zeros_to_a_fused_allreduce(
-    store: list[StoreClient], fake_cuda: FakeStreams  # noqa: F811 - the fixture
+    store: list[StoreClient], fake_cuda: FakeStreams
 ) -> None:
     def work(b: NcclBackend, comm: SetComm) -> Any:
         ex = Executor(b)
@@ -153,7 +153,7 @@ def test_a_joined_rank_contributes_device_zeros_to_a_fused_allreduce(
 
 def two_ranks_of(store: list[StoreClient], fake: FakeStreams, work: Any) -> list[Any]:
     def make(ctx: BackendContext) -> NcclBackend:
-        b = cpu_backend(ctx, fake)
+        b = nccl_on_cpu(ctx, fake)
         b.add_process_set(0, [0, 1])
         return b
 

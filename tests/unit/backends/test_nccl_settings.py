@@ -3,8 +3,6 @@ their spellings and checks, and the backend they choose."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from hora import settings
@@ -87,12 +85,3 @@ def test_hora_name_wins_and_the_settings_travel_to_workers() -> None:
     assert s.gpu_allgather == "nccl" and s.gpu_operations == "nccl"
     again = load(settings.to_env(s))
     assert (again.gpu_allgather, again.gpu_operations) == ("nccl", "nccl")
-
-
-def test_hierarchical_allreduce_on_nccl_says_it_changes_nothing(
-    gpu: None, caplog: pytest.LogCaptureFixture
-) -> None:
-    env = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}
-    with caplog.at_level(logging.INFO, logger="hora.backends"):
-        assert registry.select(load(env)) == "nccl"
-    assert "HOROVOD_HIERARCHICAL_ALLREDUCE has no effect on the NCCL backend" in caplog.text

@@ -1,5 +1,7 @@
-"""The hierarchical allreduce's groups and steps (hora.backends.two_level), with Gloo groups on
-CPU standing in for NCCL's: four ranks as threads, laid out as two "hosts" of two ranks."""
+"""The hierarchical allreduce's groups and steps (hora.backends.two_level), and the NCCL backend
+running it under HOROVOD_HIERARCHICAL_ALLREDUCE, with Gloo groups on CPU standing in for NCCL's
+and a fake of torch.cuda's streams (no GPU here): four ranks as threads, laid out as two "hosts"
+of two ranks."""
 
 from __future__ import annotations
 
@@ -13,10 +15,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from cuda_fakes import FakeStreams, nccl_on_cpu
 from hora.backends import two_level
+from hora.backends.base import SetComm
 from hora.backends.gloo import StoreAdapter
+from hora.backends.registry import BackendContext
+from hora.collectives.reduce_ops import MIN, SUM
+from hora.identity import Identity
 from hora.rendezvous.client import StoreClient
 from hora.rendezvous.server import RendezvousServer
+from hora.settings import load
 
 
 def test_plan_groups_by_host_and_local_index() -> None:
@@ -109,3 +117,59 @@ def test_two_level_allreduce_matches_the_flat_result(
 @pytest.mark.timeout(60)
 def test_an_uneven_layout_builds_no_groups(clients: list[StoreClient]) -> None:
     assert _four_ranks(clients, [0, 0, 0, 1], lambda levels, r: levels) == [None] * 4
+
+
+class TwoHosts:
+    """The host table hora's transport publishes (``host_ids``, ``shares_memory``), for four
+    ranks of this machine laid out as two hosts of two: all that ``layout_of`` reads of it."""
+
+    HOSTS = (0, 0, 1, 1)
+
+    def host_ids(self, ranks: list[int]) -> list[int]:
+        return [self.HOSTS[r] for r in ranks]
+
+    def shares_memory(self, peer: int) -> bool:
+        return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("knob", ["HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_TORUS_ALLREDUCE", ""])
+def test_the_nccl_backend_reduces_inside_each_host_then_across(
+    clients: list[StoreClient], fake_cuda: FakeStreams, knob: str
+) -> None:
+    """NcclBackend with the knob set, its groups Gloo's and its streams faked (no GPU here):
+    every allreduce of the set goes the two-level way and gives the flat result; without the
+    knob, the flat way."""
+    results: list[Any] = [None] * 4
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            me = Identity(rank=r, size=4, local_rank=r % 2, local_size=2, cross_rank=r // 2,
+                          cross_size=2)  # fmt: skip
+            env = {"HORA_GLOO_TIMEOUT_SECONDS": "10", **({knob: "1"} if knob else {})}
+            ctx = BackendContext(me, load(env), clients[r], "test", "test")
+            b = nccl_on_cpu(ctx, fake_cuda)
+            b.add_process_set(0, [0, 1, 2, 3])
+            comm = SetComm([0, 1, 2, 3], r, TwoHosts(), 0)  # type: ignore[arg-type]
+            x = torch.arange(9, dtype=torch.float32) + r
+            b.allreduce(comm, x, "float32", SUM)
+            flags = torch.tensor([r != 3, True], dtype=torch.bool)
+            b.allreduce(comm, flags, "bool", MIN)
+            levels = b._levels[0] if b._levels else None
+            results[r] = (x.tolist(), flags.tolist(), levels is not None and levels.local_size)
+            b.close()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,), name=f"r{r}", daemon=True)
+               for r in range(4)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+    want = [float(4 * i + 6) for i in range(9)]
+    assert results == [(want, [False, True], 2 if knob else False)] * 4

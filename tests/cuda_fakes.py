@@ -1,0 +1,77 @@
+"""Fakes that stand in for a GPU in tests on machines without one (named as fakes wherever
+they are used): torch.cuda's streams and events, and an NcclBackend whose "GPU" is the CPU and
+whose groups are Gloo's. Shared by the backend unit tests and the integration tests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from hora.backends.gloo import GlooBackend
+from hora.backends.nccl import NcclBackend
+from hora.backends.registry import BackendContext
+
+
+class FakeStreams:
+    """A fake of torch.cuda's streams and events: logs (thread's name, what, stream)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, str]] = []
+        self.current = threading.local()
+
+    def who(self) -> str:
+        return threading.current_thread().name
+
+    def current_stream(self, device: Any = None) -> FakeStream:
+        return FakeStream(self.log, getattr(self.current, "stream", "caller"))
+
+    def Event(self) -> Any:  # noqa: N802 - torch.cuda.Event's name
+        fake = self
+
+        class Ev:
+            def record(self, stream: FakeStream) -> None:
+                fake.log.append((fake.who(), "record", stream.name))
+
+        return Ev()
+
+    @contextmanager
+    def stream(self, s: Any) -> Iterator[None]:
+        before = self.current_stream().name
+        self.current.stream = s.name
+        self.log.append((self.who(), "enter", s.name))
+        try:
+            yield
+        finally:
+            self.current.stream = before
+            self.log.append((self.who(), "exit", s.name))
+
+    def install(self, setattr_: Any = setattr) -> None:
+        """Put this fake in torch.cuda's place (``setattr_``: a monkeypatch's, in a test)."""
+        setattr_(torch.cuda, "current_stream", self.current_stream)
+        setattr_(torch.cuda, "Event", self.Event)
+        setattr_(torch.cuda, "stream", self.stream)
+
+
+class FakeStream:
+    def __init__(self, log: list[tuple[str, str, str]], name: str) -> None:
+        self.log, self.name = log, name
+
+    def wait_event(self, event: Any) -> None:
+        self.log.append((threading.current_thread().name, "wait", self.name))
+
+
+def nccl_on_cpu(ctx: BackendContext, fake: FakeStreams) -> NcclBackend:
+    """An NcclBackend whose "GPU" is the CPU and whose groups are Gloo's (no GPU here); what
+    its ``__init__`` reads of the settings, it reads here too."""
+    b = object.__new__(NcclBackend)
+    GlooBackend.__init__(b, ctx)
+    b._device = torch.device("cpu")
+    b._stream = FakeStream(fake.log, "hora")  # type: ignore[assignment]
+    b.last_done = None
+    b._hierarchical = NcclBackend.wants_two_level(ctx.settings)
+    b._make_group = lambda *a: GlooBackend._make_group(b, *a)  # type: ignore[method-assign]
+    return b
