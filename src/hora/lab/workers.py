@@ -254,16 +254,16 @@ SMALL_TENSORS = (25, 11_000)  # many small gradients: 25 tensors of 44 KB, 1.1 M
 
 def _small_grouped(plan: dict[str, Any], sink: Sink, hvd: Any, comm: Any, backend: Any) -> None:
     """One grouped allreduce of many small tensors through the API against the backend's own
-    call on the same tensors (``allreduce_parts`` where it reduces them where they lie, else
-    ``allreduce`` of one buffer of the same size): what the engine adds to a step of small
-    gradients, back to back."""
+    call on the same tensors (``allreduce_parts`` where the engine would reduce them where they
+    lie, else ``allreduce`` of one buffer of the same size, without the fusion buffer's
+    copies): what the engine adds to a step of small gradients, back to back."""
     from hora.collectives.reduce_ops import SUM
 
     count, numel = SMALL_TENSORS
     grads = [np.zeros(numel, dtype=np.float32) for _ in range(count)]
     total = count * numel * 4
     parts = getattr(backend, "reduces_parts", None)
-    if parts is not None and parts(comm, total):
+    if parts is not None and parts(comm, total, count):  # as the engine would choose
         direct = partial(backend.allreduce_parts, comm, grads, "float32", SUM)
     else:
         direct = partial(
