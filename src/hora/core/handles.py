@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hora.errors import DUPLICATE_NAME_MESSAGE, HoraInternalError
@@ -153,14 +153,17 @@ class NamesInFlight:
         self._lock = threading.Lock()
         self._names: set[Key] = set()
 
-    def claim(self, keys: list[Key], ops: list[str]) -> None:
-        """Take all of ``keys`` (``ops``: each one's op, for the error), or none of them:
-        ValueError when one is still in flight."""
+    def claim(self, keys: list[Key], ops: Sequence[Any]) -> None:
+        """Take all of ``keys`` (``ops``: each one's op, an ``OpType`` or its lower-case name,
+        for the error), or none of them: ValueError when one is still in flight."""
         with self._lock:
+            if self._names.isdisjoint(keys):
+                self._names.update(keys)
+                return
             for key, op in zip(keys, ops):
                 if key in self._names:
+                    op = op if isinstance(op, str) else op.name.lower()
                     raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=key[1]))
-            self._names.update(keys)
 
     def release(self, *keys: Key) -> None:
         """Free the names of an op that is done."""

@@ -84,11 +84,10 @@ def _reduction(
             priority=int(priority),
         )
 
-    label = OpType.ALLREDUCE if kind == OpType.ADASUM else kind
-    reqs, arrs, handle = _prepare(label, arrays, name, dtype, grouped, finalize, make, ps_id)
-    for r in reqs:
-        r.op = kind
-    return _submit(ps_id, reqs, list(arrs), _outputs(outputs, arrs, dtype, arrays), handle, grouped)
+    label = OpType.ALLREDUCE if kind == OpType.ADASUM else kind  # Adasum names as allreduce
+    reqs, arrs, handle = _prepare(label, arrays, name, dtype, grouped, finalize, make, ps_id,
+                                  reuse=(kind, op, prescale_factor, postscale_factor, priority))
+    return _submit(ps_id, reqs, arrs, _outputs(outputs, arrs, dtype, arrays), handle, grouped)
 
 
 # -- the collectives ------------------------------------------------------------------------
@@ -414,10 +413,11 @@ def allgather_object(
 
 # -- blocking forms -------------------------------------------------------------------------
 def _blocking(start: Callable[..., Handle], *args: Any, **kw: Any) -> Any:
-    """Submit through ``start`` and wait: the engine may run the op in this thread."""
+    """Submit through ``start`` and wait: the engine may run the op in this thread. The
+    handle stays here (it gets no int in the handle table)."""
     with caller_waits():
         handle = start(*args, **kw)
-    return synchronize(handle)
+    return handle.wait()
 
 
 def allreduce(array: Any, **kw: Any) -> Any:

@@ -31,6 +31,11 @@ _caller = threading.local()
 
 Finalize = Callable[[Any], Any] | None
 
+# requests made for named ops, by everything they are made from (_prepare's ``reuse``): a
+# training loop submits the same tensors step after step
+_requests: dict[tuple[Any, ...], Request] = {}
+_REQUESTS_KEPT = 4096
+
 
 # -- validation -----------------------------------------------------------------------------
 def _set_id(process_set: ProcessSet | None) -> int:
@@ -101,7 +106,7 @@ def _restore(arr: np.ndarray, user_dtype: np.dtype) -> np.ndarray:
 def _submit(
     ps_id: int,
     requests: list[Request],
-    arrays: list[np.ndarray | None],
+    arrays: Sequence[np.ndarray | None],
     outputs: list[np.ndarray | None],
     handle: Handle,
     grouped: bool,
@@ -109,15 +114,17 @@ def _submit(
     """Enqueue one request per tensor; the handle completes when all of them have."""
     rt = _rt.runtime()
     keys = [(ps_id, r.match) for r in requests]
-    in_flight.claim(keys, [r.op.name.lower() for r in requests])
+    in_flight.claim(keys, [r.op for r in requests])
     entries = _entries(keys, requests, arrays, outputs, handle, grouped)
     ready = getattr(_caller, "ready", None)
     if ready is not None:
         _caller.ready = None
         for entry, wait in zip(entries, ready):
             entry.ready = wait
-    _handles.add(handle)
-    rt.engine.enqueue(ps_id, entries, getattr(_caller, "waits", False))
+    waits = getattr(_caller, "waits", False)
+    if not waits:  # a blocking form's handle never reaches the user: no int for it
+        _handles.add(handle)
+    rt.engine.enqueue(ps_id, entries, waits)
     return handle
 
 
@@ -151,7 +158,7 @@ class engine_waits:  # noqa: N801 - used as a statement: ``with engine_waits(...
 def _entries(
     keys: list[Key],
     requests: list[Request],
-    arrays: list[np.ndarray | None],
+    arrays: Sequence[np.ndarray | None],
     outputs: list[np.ndarray | None],
     handle: Handle,
     grouped: bool,
@@ -206,23 +213,38 @@ def _prepare(
     make: Callable[[np.ndarray, str, str], Request],
     ps_id: int,
     convert: Callable[[Any, np.dtype], Any] | None = None,
+    reuse: tuple[Any, ...] | None = None,
 ) -> tuple[list[Request], list[np.ndarray], Handle]:
     """Validate arrays, build their requests, and a handle whose result is in user dtypes.
 
     ``dtype`` is one name for every array, or (grouped ops) a sequence with one per array.
+    ``reuse``: every argument of ``make`` besides the array's shape, dtype and name; when
+    given, a named op submitted again as before reuses the request made then (requests are not
+    changed once submitted), instead of validating and building it again.
     """
     handle = Handle()
     names = _names(kind.name.lower(), name, len(arrays) if grouped else None, ps_id)
     dtypes = _per_array(dtype, len(arrays))
     reqs, arrs, udts = [], [], []
+    same = True  # every result comes back in the user's dtype as it is
     for n, x, d in zip(names, arrays, dtypes):
         arr, dt, udt = _array(x, d)
-        req = make(arr, dt, n)
-        if grouped:
-            req.group, req.group_size = names[0], len(names)
+        key = None if reuse is None or not name else (kind, ps_id, reuse, n, dt, arr.shape)
+        req = _requests.get(key) if key is not None else None
+        if req is None:
+            req = make(arr, dt, n)
+            if grouped:
+                req.group, req.group_size = names[0], len(names)
+            if key is not None:
+                if len(_requests) >= _REQUESTS_KEPT:
+                    _requests.clear()
+                _requests[key] = req
         reqs.append(req)
         arrs.append(arr)
         udts.append(udt)
+        same = same and arr.dtype == udt
+    if finalize is None and convert is None and same:
+        return reqs, arrs, handle  # nothing to do to the result
     conv = convert or _restore
 
     def post(res: Any) -> Any:
