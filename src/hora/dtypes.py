@@ -53,11 +53,15 @@ def name_of(dtype: np.dtype) -> str:
     raise UnsupportedTypeError(f"Tensor type {dtype.name} is not supported.")
 
 
+_STORAGE: dict[str, np.dtype] = {}  # dtype name -> storage dtype, filled on first use
+
+
 def storage_dtype(name: str) -> np.dtype:
     """The NumPy dtype that holds ``name`` in memory (uint16 for bfloat16)."""
-    if name == "bfloat16":
-        return np.dtype(np.uint16)
-    return np.dtype(name)
+    st = _STORAGE.get(name)
+    if st is None:  # a name not seen yet (np.dtype raises for one hora does not carry)
+        st = _STORAGE[name] = np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
+    return st
 
 
 def storage_view(arr: np.ndarray, name: str) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -181,7 +182,7 @@ def _entries(
     errors: list[BaseException] = []
     lock = threading.Lock()
 
-    def settle(i: int, value: Any, error: BaseException | None) -> None:
+    def settle(i: int, value: Any, error: BaseException | None = None) -> None:
         with lock:
             results[i] = value
             if error is not None:
@@ -195,10 +196,11 @@ def _entries(
         else:
             handle.set_result(results if grouped else results[0])
 
+    def settle_error(i: int, error: BaseException) -> None:
+        settle(i, None, error)
+
     return [
-        TensorEntry(
-            req, arr, out, (lambda v, i=i: settle(i, v, None)), (lambda e, i=i: settle(i, None, e))
-        )
+        TensorEntry(req, arr, out, partial(settle, i), partial(settle_error, i))
         for i, (req, arr, out) in enumerate(zip(requests, arrays, outputs))
     ]
 
