@@ -83,6 +83,11 @@ def _new(like: torch.Tensor) -> Callable[[np.ndarray], torch.Tensor]:
     return lambda out: to_tensor(out, like)
 
 
+def _new_each(staged: Sequence[Staged]) -> Callable[[list[np.ndarray]], list[torch.Tensor]]:
+    """A group's results as new tensors, each like its staged tensor."""
+    return _new_each(staged)
+
+
 def _stage_group(
     tensors: Sequence[torch.Tensor], defer: bool = False
 ) -> tuple[list[Staged], list[np.ndarray], Any]:
@@ -211,9 +216,8 @@ def grouped_allreduce_async(
     """Start reducing a list of tensors as one unit; the result is a list of new tensors."""
     op = reduce_op(average, op)
     staged, arrays, dtype = _stage_group(tensors, defer=True)
-    likes = [s.tensor for s in staged]
     return _allreduce(staged, arrays, dtype, True, False,
-                      lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)], name,
+                      _new_each(staged), name,
                       op, prescale_factor, postscale_factor, process_set,
                       priority)  # fmt: skip
 
@@ -309,14 +313,13 @@ def grouped_allgather_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     staged, arrays, dtype = _stage_group(tensors, defer=True)
-    likes = [s.tensor for s in staged]
     with _waits(staged):
         return ops.grouped_allgather_async(
             arrays,
             name=name,
             process_set=process_set,
             dtype=dtype,
-            finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+            finalize=_new_each(staged),
         )
 
 
@@ -327,16 +330,7 @@ def broadcast_async(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start sending ``root_rank``'s (a global rank) tensor to every rank; result: new tensor."""
-    s = stage(tensor, defer=True)
-    with _waits([s]):
-        return ops.broadcast_async(
-            s.array,
-            root_rank,
-            name=name,
-            process_set=process_set,
-            dtype=s.dtype,
-            finalize=_new(tensor),
-        )
+    return _broadcast(tensor, root_rank, name, process_set, in_place=False)
 
 
 def broadcast_async_(
@@ -346,6 +340,11 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
     """Start overwriting ``tensor`` with ``root_rank``'s; the result is ``tensor`` itself."""
+    return _broadcast(tensor, root_rank, name, process_set, in_place=True)
+
+
+def _broadcast(tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet,
+               in_place: bool) -> Handle:  # fmt: skip
     s = stage(tensor, defer=True)
     with _waits([s]):
         return ops.broadcast_async(
@@ -353,9 +352,9 @@ def broadcast_async_(
             root_rank,
             name=name,
             process_set=process_set,
-            output=s.array,
+            output=s.array if in_place else None,
             dtype=s.dtype,
-            finalize=lambda out: write_back(s, out),
+            finalize=(lambda out: write_back(s, out)) if in_place else _new(tensor),
         )
 
 
@@ -424,7 +423,6 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> Handle:
     staged, arrays, dtype = _stage_group(tensors, defer=True)
-    likes = [s.tensor for s in staged]
     with _waits(staged):
         return ops.grouped_reducescatter_async(
             arrays,
@@ -434,7 +432,7 @@ def grouped_reducescatter_async(
             prescale_factor=prescale_factor,
             postscale_factor=postscale_factor,
             dtype=dtype,
-            finalize=lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)],
+            finalize=_new_each(staged),
         )
 
 

@@ -13,6 +13,30 @@ from hora.rendezvous.client import StoreClient
 from hora.settings import load
 
 
+def run_threads(count: int, rank: Callable[[int], Any], timeout: float = 25) -> list[Any]:
+    """``rank(r)`` for ``r`` in ``range(count)``, each in a thread of its own (named ``r<r>``):
+    their results, or the first error; a rank still running after ``timeout`` fails."""
+    results: list[Any] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(r: int) -> None:
+        try:
+            results[r] = rank(r)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"r{r}", daemon=True)
+               for r in range(count)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
 def run_two_ranks(
     store: list[StoreClient],
     make: Callable[[BackendContext], Any],
@@ -20,29 +44,15 @@ def run_two_ranks(
 ) -> list[Any]:
     """Ranks 0 and 1 as two threads, each with the backend ``make`` builds over ``store``
     (set 0 of both ranks registered): ``work(backend, comm)``'s results, or the first error."""
-    results: list[Any] = [None, None]
-    errors: list[BaseException] = []
 
-    def rank(r: int) -> None:
+    def rank(r: int) -> Any:
+        me = Identity(rank=r, size=2, local_rank=r, local_size=2)
+        ctx = BackendContext(me, load({"HORA_GLOO_TIMEOUT_SECONDS": "10"}), store[r], None,
+                             "test")  # fmt: skip
+        backend = make(ctx)
         try:
-            me = Identity(rank=r, size=2, local_rank=r, local_size=2)
-            ctx = BackendContext(me, load({"HORA_GLOO_TIMEOUT_SECONDS": "10"}), store[r], None,
-                                 "test")  # fmt: skip
-            backend = make(ctx)
-            try:
-                results[r] = work(backend, SetComm([0, 1], r, None, 0))  # type: ignore[arg-type]
-            finally:
-                backend.close()
-        except BaseException as e:
-            errors.append(e)
+            return work(backend, SetComm([0, 1], r, None, 0))  # type: ignore[arg-type]
+        finally:
+            backend.close()
 
-    threads = [threading.Thread(target=rank, args=(r,), name=f"r{r}", daemon=True)
-               for r in range(2)]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(25)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
-    return results
+    return run_threads(2, rank)

@@ -5,15 +5,15 @@ of two ranks."""
 
 from __future__ import annotations
 
-import secrets
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from backend_ranks import run_threads
 
 from cuda_fakes import FakeStreams, nccl_on_cpu
 from hora.backends import two_level
@@ -23,7 +23,6 @@ from hora.backends.registry import BackendContext
 from hora.collectives.reduce_ops import MIN, SUM
 from hora.identity import Identity
 from hora.rendezvous.client import StoreClient
-from hora.rendezvous.server import RendezvousServer
 from hora.settings import load
 
 
@@ -44,53 +43,29 @@ def test_plan_refuses_what_the_flat_allreduce_serves_better(hosts: list[int]) ->
     assert all(two_level.plan(hosts, me) is None for me in range(len(hosts)))
 
 
-@pytest.fixture
-def clients() -> Iterator[list[StoreClient]]:
-    secret = secrets.token_bytes(16)
-    server = RendezvousServer(secret, host="127.0.0.1")
-    port = server.start()
-    made = [StoreClient("127.0.0.1", port, secret, timeout=10) for _ in range(4)]
-    yield made
-    for c in made:
-        c.close()
-    server.stop()
-
-
 def _gloo(store: Any, rank: int, size: int) -> Any:
     opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
+def _prefixed(client: StoreClient, key: str) -> StoreAdapter:
+    return StoreAdapter(client, f"test/{key}")
+
+
 def _four_ranks(clients: list[StoreClient], hosts: list[int],
                 work: Callable[[two_level.TwoLevel | None, int], Any]) -> list[Any]:  # fmt: skip
-    results: list[Any] = [None] * 4
-    errors: list[BaseException] = []
+    def rank(r: int) -> Any:
+        levels = two_level.build(hosts, r, _gloo, partial(_prefixed, clients[r]))
+        return work(levels, r)
 
-    def rank(r: int) -> None:
-        try:
-            levels = two_level.build(
-                hosts, r, _gloo, lambda key: StoreAdapter(clients[r], f"test/{key}")
-            )
-            results[r] = work(levels, r)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
-    return results
+    return run_threads(4, rank, timeout=30)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1, 0, 1]], ids=["blocked", "round-robin"])
 def test_two_level_allreduce_matches_the_flat_result(
-    clients: list[StoreClient], hosts: list[int]
+    store4: list[StoreClient], hosts: list[int]
 ) -> None:
     def work(levels: two_level.TwoLevel | None, r: int) -> dict[str, Any]:
         assert levels is not None
@@ -106,7 +81,7 @@ def test_two_level_allreduce_matches_the_flat_result(
         out["max"] = m.tolist()
         return out
 
-    results = _four_ranks(clients, hosts, work)
+    results = _four_ranks(store4, hosts, work)
     for out in results:
         assert out["sizes"] == (2, 2, 2)
         for n in (1, 7, 8, 1001):
@@ -115,8 +90,8 @@ def test_two_level_allreduce_matches_the_flat_result(
 
 
 @pytest.mark.timeout(60)
-def test_an_uneven_layout_builds_no_groups(clients: list[StoreClient]) -> None:
-    assert _four_ranks(clients, [0, 0, 0, 1], lambda levels, r: levels) == [None] * 4
+def test_an_uneven_layout_builds_no_groups(store4: list[StoreClient]) -> None:
+    assert _four_ranks(store4, [0, 0, 0, 1], lambda levels, r: levels) == [None] * 4
 
 
 class TwoHosts:
@@ -135,41 +110,26 @@ class TwoHosts:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("knob", ["HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_TORUS_ALLREDUCE", ""])
 def test_the_nccl_backend_reduces_inside_each_host_then_across(
-    clients: list[StoreClient], fake_cuda: FakeStreams, knob: str
+    store4: list[StoreClient], fake_cuda: FakeStreams, knob: str
 ) -> None:
     """NcclBackend with the knob set, its groups Gloo's and its streams faked (no GPU here):
     every allreduce of the set goes the two-level way and gives the flat result; without the
     knob, the flat way."""
-    results: list[Any] = [None] * 4
-    errors: list[BaseException] = []
+    def rank(r: int) -> Any:
+        me = Identity(rank=r, size=4, local_rank=r % 2, local_size=2, cross_rank=r // 2,
+                      cross_size=2)  # fmt: skip
+        env = {"HORA_GLOO_TIMEOUT_SECONDS": "10", **({knob: "1"} if knob else {})}
+        b = nccl_on_cpu(BackendContext(me, load(env), store4[r], "test", "test"), fake_cuda)
+        b.add_process_set(0, [0, 1, 2, 3])
+        comm = SetComm([0, 1, 2, 3], r, TwoHosts(), 0)  # type: ignore[arg-type]
+        x = torch.arange(9, dtype=torch.float32) + r
+        b.allreduce(comm, x, "float32", SUM)
+        flags = torch.tensor([r != 3, True], dtype=torch.bool)
+        b.allreduce(comm, flags, "bool", MIN)
+        levels = b._levels[0] if b._levels else None
+        b.close()
+        return x.tolist(), flags.tolist(), levels is not None and levels.local_size
 
-    def rank(r: int) -> None:
-        try:
-            me = Identity(rank=r, size=4, local_rank=r % 2, local_size=2, cross_rank=r // 2,
-                          cross_size=2)  # fmt: skip
-            env = {"HORA_GLOO_TIMEOUT_SECONDS": "10", **({knob: "1"} if knob else {})}
-            ctx = BackendContext(me, load(env), clients[r], "test", "test")
-            b = nccl_on_cpu(ctx, fake_cuda)
-            b.add_process_set(0, [0, 1, 2, 3])
-            comm = SetComm([0, 1, 2, 3], r, TwoHosts(), 0)  # type: ignore[arg-type]
-            x = torch.arange(9, dtype=torch.float32) + r
-            b.allreduce(comm, x, "float32", SUM)
-            flags = torch.tensor([r != 3, True], dtype=torch.bool)
-            b.allreduce(comm, flags, "bool", MIN)
-            levels = b._levels[0] if b._levels else None
-            results[r] = (x.tolist(), flags.tolist(), levels is not None and levels.local_size)
-            b.close()
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=rank, args=(r,), name=f"r{r}", daemon=True)
-               for r in range(4)]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
+    results = run_threads(4, rank, timeout=30)
     want = [float(4 * i + 6) for i in range(9)]
     assert results == [(want, [False, True], 2 if knob else False)] * 4
