@@ -85,7 +85,8 @@ def _new(like: torch.Tensor) -> Callable[[np.ndarray], torch.Tensor]:
 
 def _new_each(staged: Sequence[Staged]) -> Callable[[list[np.ndarray]], list[torch.Tensor]]:
     """A group's results as new tensors, each like its staged tensor."""
-    return _new_each(staged)
+    likes = [s.tensor for s in staged]
+    return lambda outs: [to_tensor(o, t) for o, t in zip(outs, likes)]
 
 
 def _stage_group(
