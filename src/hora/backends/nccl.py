@@ -8,8 +8,8 @@ when no CPU backend is named. Every collective takes either kind of buffer:
 - a host (NumPy) buffer (a CPU tensor's, or a tensor staged through host memory): copied to
   the GPU, reduced there and copied back.
 
-The backend takes device buffers (``device_buffers``): the engine runs it with its
-``DeviceExecutor``, which fuses, scales and allocates on this GPU through ``buffer_ops``
+The backend takes device buffers (``device_buffers``): the engine's executor fuses, scales and
+allocates this GPU's tensors through ``buffer_ops``
 (:class:`DeviceBufferOps`, hora.core.buffers' seam), and ``hora.torch`` hands the engine CUDA
 tensors of this GPU as they are (no staging through host memory).
 
@@ -171,7 +171,7 @@ class DeviceBufferOps:
 
 class NcclBackend(GlooBackend):
     name = "NCCL"
-    # the engine hands it device tensors as they are (core.buffers; core.executor.DeviceExecutor)
+    # the engine hands it device tensors as they are (core.buffers; core.executor)
     device_buffers = True
     # HOROVOD_HIERARCHICAL_ALLREDUCE: each set's two-level groups, made at its first allreduce
     _hierarchical = False

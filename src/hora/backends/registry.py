@@ -9,7 +9,7 @@ GPU backend does: ``HOROVOD_GPU_OPERATIONS``, or Horovod's per-op ``HOROVOD_GPU_
 Horovod each per-op variable overrides ``HOROVOD_GPU_OPERATIONS`` for its op; hora runs every
 collective of a job through one backend, so ``hora.settings`` refuses GPU backends that differ
 and ``Settings.gpu_operations`` holds the one named. With NCCL the engine carries CUDA tensors
-as they are (``device_buffers``, ``core.executor.DeviceExecutor``); a CPU backend gets host
+as they are (``device_buffers``, ``core.executor``); a CPU backend gets host
 buffers, CUDA tensors staged through pinned host memory (``hora.torch.adapter``). With
 ``HOROVOD_HIERARCHICAL_ALLREDUCE`` NCCL reduces inside each host, then across hosts
 (``backends.two_level``). Without a GPU the

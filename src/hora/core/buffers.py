@@ -1,9 +1,10 @@
-"""Device buffers through the engine: the seam between the executor and a device's memory.
+"""Buffers through the engine: the seam between the executor and the memory it works on.
 
-The engine works on host (NumPy) buffers. A backend that can work on a device's memory itself
-(NCCL on a GPU) says so with ``device_buffers = True`` and offers ``buffer_ops``, a
-:class:`BufferOps` for the buffers of its device; the executor then takes such buffers as they
-are (``executor.DeviceExecutor``): it fuses them into a buffer on the device, scales them there,
+The executor works on buffers through a :class:`BufferOps`: host (NumPy) buffers through
+:class:`HostBufferOps`. A backend that can work on a device's memory itself (NCCL on a GPU)
+says so with ``device_buffers = True`` and offers ``buffer_ops``, a :class:`BufferOps` for the
+buffers of its device; the executor then takes such buffers as they are
+(``executor.Executor``): it fuses them into a buffer on the device, scales them there,
 gives joined ranks device zeros to contribute, allocates gathered outputs there and hands back
 device buffers, never copying through host memory. The core never imports the framework: to
 it a device buffer is opaque, reached only through ``BufferOps`` and the two methods NumPy
@@ -20,6 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Protocol
+
+import numpy as np
+
+from hora.collectives.reduce_ops import scale
+from hora.dtypes import storage_dtype
 
 
 class DeviceArray:
@@ -73,3 +79,60 @@ class BufferOps(Protocol):
 
     def download(self, x: Any, out: Any) -> Any:
         """``x`` as a host array: written into the host array ``out`` if given, else new."""
+
+
+class FusionBuffer:
+    """One persistent host byte buffer reused for every fused response (grown on demand)."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(0, dtype=np.uint8)
+
+    def get(self, count: int, dtype: str) -> np.ndarray:
+        st = storage_dtype(dtype)
+        need = count * st.itemsize
+        if self._buf.nbytes < need:
+            self._buf = np.empty(need, dtype=np.uint8)
+        return self._buf[:need].view(st)
+
+
+class HostBufferOps:
+    """:class:`BufferOps` over NumPy arrays in host memory (every backend's buffers)."""
+
+    device = "cpu"
+    scale = staticmethod(scale)  # reduce_ops.scale: the rules every BufferOps follows
+
+    def __init__(self) -> None:
+        self._fusion = FusionBuffer()
+
+    def owns(self, x: Any) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def empty(self, shape: tuple[int, ...], like: Any) -> np.ndarray:
+        return np.empty(shape, dtype=like.dtype)
+
+    def zeros(self, count: int, dtype: str) -> np.ndarray:
+        return np.zeros(count, dtype=storage_dtype(dtype))
+
+    def fusion(self, count: int, dtype: str) -> np.ndarray:
+        return self._fusion.get(count, dtype)
+
+    def concat_into(self, parts: Sequence[Any], out: Any) -> None:
+        np.concatenate(parts, out=out)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        dst[...] = src
+
+    def clone(self, x: Any) -> np.ndarray:
+        return x.copy()
+
+    def ptr(self, x: Any) -> int:
+        return int(x.ctypes.data)
+
+    def upload(self, host: Any, dtype: str) -> Any:
+        return host
+
+    def download(self, x: Any, out: Any) -> Any:
+        if out is None:
+            return x
+        out[...] = x
+        return out
