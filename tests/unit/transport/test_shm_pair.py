@@ -281,7 +281,7 @@ def _write_back(rank: int, single_copy: bool) -> dict[str, Any]:
     import numpy as np
 
     from hora.collectives.hierarchical import _allreduce_pair
-    from hora.transport.shm.pair import EAGER_LIMIT
+    from hora.transport.shm.pair import WRITE_BACK_MIN
 
     t = _transport(rank, single_copy)
     pair = t.pair(1 - rank)
@@ -289,7 +289,7 @@ def _write_back(rank: int, single_copy: bool) -> dict[str, Any]:
     scratch = np.empty(1 << 18, np.uint8)
     out: dict[str, Any] = {"ok": [], "back": []}
     # each rank sends the block the peer owns and folds the peer's block into its own
-    for count in (EAGER_LIMIT // 4, EAGER_LIMIT // 4 + 1, 1_500_007):
+    for count in (WRITE_BACK_MIN // 4, WRITE_BACK_MIN // 4 + 1, 1_500_007):
         theirs = (np.arange(count) % 7 + rank).astype(np.float32)
         mine = (np.arange(count) % 5 + 10 * rank).astype(np.float32)
         work, back = pair.isend_reduce([memoryview(theirs)])
@@ -328,12 +328,14 @@ def test_reduced_blocks_are_written_back_into_the_senders_buffer(single_copy: bo
     """``isend_reduce``: over single copy, the peer writes each reduced piece back into the
     sender's buffer (no second phase); inline and staged frames fall back to a plain frame
     answered with the reduced block, and the two kinds mix within one allreduce."""
+    from hora.transport.shm.pair import WRITE_BACK_MIN
+
     results = run_ranks(_write_back, 2, args=(single_copy,), timeout=100)
     for rank, out in enumerate(results):
         bad = [what for what, ok in out["ok"] if not ok]
         assert not bad, f"rank {rank}: wrong data for {bad}"
         for count, back, wrote in out["back"]:
-            large = count * 4 > (512 << 10)
+            large = count * 4 > WRITE_BACK_MIN
             assert back == wrote == (single_copy and large), (rank, count, back, wrote)
 
 

@@ -64,6 +64,7 @@ REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays i
 MAX_SPANS = 1 << 16  # parts of one gathered frame, at most
 WRITE_BACK = 1  # in the slot byte of a single-copy frame: reduce it, then write the result back
 _ACK = b"\x06"
+WRITE_BACK_MIN = 256 << 10  # an isend_reduce frame above this is written back (measured: docs/benchmarks.md)
 _MAX_IOV = 512  # pieces of one sendmsg, at most (the kernel's IOV_MAX is 1024)
 _DONE = Completion(done=True)  # shared by every isend that completed at once
 
@@ -203,7 +204,7 @@ class ShmPair:
         if (
             self._closed
             or not self._out.single_copy
-            or total <= EAGER_LIMIT
+            or total <= WRITE_BACK_MIN
             or not self._sender.idle()
             or any(v.readonly for v in views)
         ):
