@@ -462,6 +462,13 @@ def render(result: BenchResult) -> str:
             "engine cost (hora): A against B, alternating call by call",
             report.engine_cost_table(result.rows),
         ]
+    if any(r["case"] in report.PER_OP_CASES for r in result.rows):
+        lines += [
+            "",
+            "per op (hora), back to back: CPU per call of rank 0's engine thread and calling "
+            "thread",
+            report.per_op_table(result.rows),
+        ]
     for backend, reason in result.skipped.items():
         lines.append(f"skipped {backend}: {reason}")
     return "\n".join(lines) + "\n"

@@ -32,6 +32,8 @@ CSV_COLUMNS = [
     "algbw_gbps",
     "busbw_gbps",
     "cpu_median_s",
+    "engine_cpu_s",
+    "caller_cpu_s",
 ]
 
 
@@ -224,6 +226,26 @@ def engine_cost_table(rows: Sequence[Row]) -> str:
             )
     headers = ["backend", "case", "A", "B", "A p50 ms", "B p50 ms", "A/B", "A cpu ms", "B cpu ms"]
     return format_table(headers, body, left=4)
+
+
+PER_OP_CASES = {"per op blocking": "allreduce", "per op async": "allreduce_async + synchronize"}
+
+
+def per_op_table(rows: Sequence[Row]) -> str:
+    """Per hora backend: back-to-back small allreduces, blocking and async, with the CPU time
+    the engine thread and the calling thread of rank 0 spent per call (over the batch)."""
+
+    def us(row: Row, key: str) -> str:
+        return f"{row[key] * 1e6:.0f}" if key in row else "-"
+
+    body = [
+        [r["backend"], PER_OP_CASES[r["case"]], human_size(r["size_bytes"]), us(r, "median_s"),
+         us(r, "p90_s"), us(r, "engine_cpu_s"), us(r, "caller_cpu_s")]
+        for r in rows if r["case"] in PER_OP_CASES
+    ]
+    headers = ["backend", "call", "size", "p50 us", "p90 us", "engine thread cpu us",
+               "caller cpu us"]
+    return format_table(headers, body, left=3)
 
 
 def to_csv(rows: Sequence[Row]) -> str:

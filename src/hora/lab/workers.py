@@ -15,7 +15,9 @@ of it, so the engine's work counts): (a) the API against the native backend's ``
 called directly on the engine's own process-set communicator (the engine is idle in between,
 so the data channel is free), and (b) ResNet-50's gradients as one async allreduce per tensor,
 submitted in backward order and then synchronized, and as one grouped allreduce of the same
-tensors, against one buffer of the same total size (the three take turns). Every buffer of
+tensors, against one buffer of the same total size (the three take turns); and (c) back-to-back
+4 KiB allreduces, blocking and async, with the CPU the engine thread and the calling thread
+spent per call. Every buffer of
 (b) lies on 4 KiB pages (:func:`small_pages`), as PyTorch's CPU allocator gives them: left to
 NumPy, the one large buffer alone would get transparent huge pages, which make single-copy
 reads and reductions faster whatever the engine does, and the comparison would measure page sizes.
@@ -134,6 +136,7 @@ class Sink:
         warmup: int,
         times: list[float],
         cpu: list[float] | None = None,
+        extra: dict[str, float] | None = None,
     ) -> None:
         if self.rank != 0:
             return
@@ -148,6 +151,7 @@ class Sink:
         }
         if cpu is not None:  # rank 0's process CPU per call (median), every thread counted
             row["cpu_median_s"] = float(np.median(cpu))
+        row.update(extra or {})
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -218,6 +222,7 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
         sink.put("direct", nbytes, 1, warmup, *direct)
 
     _small_grouped(plan, sink, hvd, comm, backend)
+    _per_op(plan, sink, hvd, engine.thread_id)
     shapes = resnet50_shapes()[::-1]  # gradients become ready from the last layer back
     grads = [small_pages(s) for s in shapes]
     total = sum(g.size for g in grads)
@@ -278,6 +283,49 @@ def _small_grouped(plan: dict[str, Any], sink: Sink, hvd: Any, comm: Any, backen
     )
     sink.put("small grouped", total, count, warmup, *api_t)
     sink.put("small direct", total, count, warmup, *direct_t)
+
+
+PER_OP_BYTES = 4096
+
+
+def thread_cpu(tid: int) -> float | None:
+    """Seconds of CPU thread ``tid`` of this process has run (the scheduler's own count, in
+    nanoseconds, where Linux keeps it); None elsewhere."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _per_op(plan: dict[str, Any], sink: Sink, hvd: Any, engine_tid: int) -> None:
+    """Back-to-back 4 KiB allreduces, blocking (``allreduce``) and async (``allreduce_async``
+    then ``synchronize``), each a batch of its own: the wall time per call, and the CPU the
+    engine thread and the calling thread spent per call over the batch. What the engine costs
+    a training step in CPU, beside its latency."""
+    import threading
+
+    x = np.zeros(PER_OP_BYTES // 4, dtype=np.float32)
+
+    def blocking() -> None:
+        hvd.allreduce(x, op=hvd.Sum, output=x, name="per_op.blocking")
+
+    def asynchronous() -> None:
+        hvd.synchronize(hvd.allreduce_async(x, op=hvd.Sum, output=x, name="per_op.async"))
+
+    me = threading.get_native_id()
+    iters, warmup = plan["small_iters"], plan["small_warmup"]
+    for case, call in (("per op blocking", blocking), ("per op async", asynchronous)):
+        for _ in range(warmup):
+            call()
+        hvd.barrier()
+        e0, c0 = thread_cpu(engine_tid), thread_cpu(me)
+        times = time_batch(call, iters, 0, lambda: None)
+        e1, c1 = thread_cpu(engine_tid), thread_cpu(me)
+        extra = {}
+        if None not in (e0, e1, c0, c1):
+            extra = {"engine_cpu_s": (e1 - e0) / iters, "caller_cpu_s": (c1 - c0) / iters}
+        sink.put(case, PER_OP_BYTES, 1, warmup, times, extra=extra)
 
 
 def run_gloo(plan: dict[str, Any]) -> None:

@@ -220,3 +220,20 @@ def test_best_of_keeps_paired_measurements_from_one_round() -> None:
         ("api", 2),
         ("direct", 2),
     ]
+
+
+def test_per_op_table() -> None:
+    rows = [
+        _row("hora", 4096, 50e-6, case="per op blocking", engine_cpu_s=0.0, caller_cpu_s=40e-6),
+        _row("hora", 4096, 110e-6, case="per op async", engine_cpu_s=45e-6, caller_cpu_s=25e-6),
+        _row("hora", 4096, 60e-6, case="per op async"),  # where thread CPU is not known
+        _row("hora", 1 << 20, 1e-3, case="api"),  # not a per-op row
+    ]
+    lines = report.per_op_table(rows).splitlines()
+    assert "engine thread cpu us" in lines[0] and "caller cpu us" in lines[0]
+    cells = [line.split() for line in lines[2:]]
+    assert cells == [
+        ["hora", "allreduce", "4", "KiB", "50", "75", "0", "40"],
+        ["hora", "allreduce_async", "+", "synchronize", "4", "KiB", "110", "165", "45", "25"],
+        ["hora", "allreduce_async", "+", "synchronize", "4", "KiB", "60", "90", "-", "-"],
+    ]

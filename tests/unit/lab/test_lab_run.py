@@ -104,7 +104,11 @@ def test_engine_cost_run_measures_every_case(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["case"]: r for r in json.loads(out_json.read_text())["rows"]}
     cases = {"allreduce", "api", "direct", "resnet50", "resnet50 grouped", "one buffer"}
-    assert set(rows) == cases | {"small grouped", "small direct"}
+    assert set(rows) == cases | {"small grouped", "small direct", "per op blocking", "per op async"}
+    for case in ("per op blocking", "per op async"):  # the engine's CPU per op, on Linux
+        assert rows[case]["size_bytes"] == 4096 and rows[case]["iters"] == 3
+        assert rows[case]["engine_cpu_s"] >= 0 and rows[case]["caller_cpu_s"] > 0
+    assert rows["per op async"]["engine_cpu_s"] > 0  # async ops run in the engine thread
     assert rows["small grouped"]["tensors"] == rows["small direct"]["tensors"] == 25
     assert rows["resnet50"]["tensors"] == rows["resnet50 grouped"]["tensors"] == 161
     assert rows["one buffer"]["size_bytes"] == rows["resnet50"]["size_bytes"] == 25557032 * 4
@@ -112,3 +116,5 @@ def test_engine_cost_run_measures_every_case(tmp_path: Path) -> None:
     assert any(" API " in line and "backend direct" in line for line in table)
     assert any("161 tensors grouped" in line and line.split()[-1][0].isdigit() for line in table)
     assert any("25 tensors grouped" in line and "backend direct" in line for line in table)
+    per_op = proc.stdout[proc.stdout.index("per op (hora)") :].splitlines()
+    assert any("allreduce_async + synchronize" in line for line in per_op)
