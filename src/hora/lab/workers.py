@@ -323,7 +323,7 @@ def _per_op(plan: dict[str, Any], sink: Sink, hvd: Any, engine_tid: int) -> None
         times = time_batch(call, iters, 0, lambda: None)
         e1, c1 = thread_cpu(engine_tid), thread_cpu(me)
         extra = {}
-        if None not in (e0, e1, c0, c1):
+        if e0 is not None and e1 is not None and c0 is not None and c1 is not None:
             extra = {"engine_cpu_s": (e1 - e0) / iters, "caller_cpu_s": (c1 - c0) / iters}
         sink.put(case, PER_OP_BYTES, 1, warmup, times, extra=extra)
 
