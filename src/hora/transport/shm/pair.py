@@ -64,7 +64,7 @@ REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays i
 MAX_SPANS = 1 << 16  # parts of one gathered frame, at most
 WRITE_BACK = 1  # in the slot byte of a single-copy frame: reduce it, then write the result back
 _ACK = b"\x06"
-WRITE_BACK_MIN = 256 << 10  # an isend_reduce frame above this is written back (measured: docs/benchmarks.md)
+WRITE_BACK_MIN = 256 << 10  # an isend_reduce frame above this is written back (docs/shm.md)
 _MAX_IOV = 512  # pieces of one sendmsg, at most (the kernel's IOV_MAX is 1024)
 _DONE = Completion(done=True)  # shared by every isend that completed at once
 
