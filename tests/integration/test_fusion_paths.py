@@ -3,8 +3,10 @@ allreduce: the tensors reduced where they lie as one gathered buffer (shared mem
 ones reduced in place with the small ones in the fusion buffer (TCP only), and all of them in
 the fusion buffer (a fusion threshold below the large tensors never fuses them, so they take
 the single-tensor path; and, over shared memory, many small tensors, which cost less copied
-into one buffer than gathered piece by piece). In place and out of place, Sum and Average with
-scaling factors. The timeline says which way each burst went."""
+into one buffer than gathered piece by piece; over shared memory the fusion buffer is the set's
+shared arena, reduced where it lies). In place and out of place, Sum and Average with scaling
+factors. The timeline and the backend's count of arena allreduces say which way each burst
+went."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import pytest
 
 from harness import run_ranks
 
-SHAPES = [(3,), (700_000,), (5, 7), (0,), (300_000,), (1,), (520_000,)]  # floats; 2 above 1 MiB
+# floats; 4 above 1 MiB, 13 MB in all: above the size that goes through the shared arena
+# (hora.backends.native.MAPPED_MAX_BYTES), so shared memory gathers them where they lie
+SHAPES = [(3,), (700_000,), (5, 7), (0,), (300_000,), (1,), (520_000,), (1_800_000,)]
 # 1.2 MB in all, as 40 tensors of 30 KB: above the size that shared memory gathers where the
 # tensors lie, but small tensors on average (hora.backends.native.PARTS_MIN_BYTES)
 MANY_SMALL = [(7_500,)] * 40
@@ -29,7 +33,8 @@ def _burst(rank: int, shapes: list[tuple[int, ...]] = SHAPES) -> dict[str, Any]:
     hvd.init()
     n = hvd.size()
     stats = runtime().engine.stats
-    fused_before = stats["fused"]
+    backend = runtime().engine.executor.backend
+    fused_before, mapped_before = stats["fused"], backend.mapped
     out: dict[str, Any] = {}
     for step in range(3):  # the first burst negotiates in full, the later ones from the cache
         xs = [(np.arange(int(np.prod(s))) % 23 + rank + step).reshape(s).astype(np.float32)
@@ -53,6 +58,7 @@ def _burst(rank: int, shapes: list[tuple[int, ...]] = SHAPES) -> dict[str, Any]:
             np.allclose(x, w / n, rtol=1e-6) for x, w in zip(xs, want)
         )
     out["fused"] = stats["fused"] - fused_before
+    out["mapped"] = backend.mapped - mapped_before
     hvd.shutdown()
     return out
 
@@ -74,9 +80,12 @@ def test_fused_bursts_of_large_and_small_tensors(
     timeline = tmp_path / "timeline.json"
     env = {**env, "HOROVOD_TIMELINE": str(timeline)}
     for rank, out in enumerate(run_ranks(_burst, 2, args=(shapes,), timeout=90, env=env)):
-        fused = out.pop("fused")
+        fused, mapped = out.pop("fused"), out.pop("mapped")
         bad = [k for k, ok in out.items() if not ok]
         assert not bad, f"rank {rank}: wrong results for {bad}"
         assert fused > 0, f"rank {rank}: no tensor travelled in a fused response"
+        # over shared memory the fusion buffer is the set's shared arena, reduced in place there
+        shared = copied and "HORA_SHM_DISABLE" not in env
+        assert (mapped > 0) == shared, f"rank {rank}: {mapped} allreduces in the arena"
     # the fusion buffer's copies appear in the timeline exactly when a burst went through it
     assert ("MEMCPY_IN_FUSION_BUFFER" in timeline.read_text()) == copied

@@ -161,7 +161,7 @@ class Executor:
             if big:
                 return self._allreduce_split(comm, resp, entries, big)
         counts = [_numel(s.request.shape) for s in resp.specs]
-        buf = ops.fusion(sum(counts), dtype)
+        buf = self._fusion(ops, comm, sum(counts), dtype)
         self._act(names, "MEMCPY_IN_FUSION_BUFFER")
         ops.concat_into([self._input(ops, s, e) for s, e in zip(resp.specs, entries)], buf)
         segments, off = [], 0
@@ -175,6 +175,16 @@ class Executor:
                    for spec, entry, (o, n) in zip(resp.specs, entries, segments)]  # fmt: skip
         self._act(names, None)
         return results
+
+    def _fusion(self, ops: BufferOps, comm: SetComm, count: int, dtype: str) -> Any:
+        """The fusion buffer: the backend's own for host arrays where it has one (the native
+        backend's shared arena on one host, which it reduces in mapped memory), else ``ops``'."""
+        if ops is self.host:
+            own = getattr(self.backend, "fusion_buffer", None)
+            buf = own(comm, count, dtype) if own is not None else None
+            if buf is not None:
+                return buf
+        return ops.fusion(count, dtype)
 
     def _allreduce_parts(self, comm: SetComm, resp: Response, entries: list[TensorEntry | None],
                          op: int, post: float) -> list[np.ndarray]:  # fmt: skip

@@ -1,0 +1,127 @@
+"""A shared arena: memory that every member of a process set on one host maps.
+
+Collectives that work on it (:mod:`hora.collectives.allreduce_mapped`) read and write the other
+members' memory with plain loads and stores: no system call per piece, as a single-copy read
+needs, and no staging copy. The engine packs a fused response straight into this rank's part
+(it is the fusion buffer), so nothing is copied that was not copied before.
+
+Each member creates an anonymous ``memfd`` of the arena's size (pages are allocated when first
+written), keeps its descriptor open, and sends every other member its pid, descriptor number and
+size over the set's pairs; each member opens the others' through ``/proc/<pid>/fd/<n>`` (the
+kernel allows it exactly when it allows single-copy reads: same user, ptrace access) and maps
+them. Then every member tells every other whether it mapped them all, and the arena is used
+only if all did, so every member decides alike. A memfd has no name: nothing is left behind on
+any exit path, a SIGKILL included, and the kernel frees it when the last process unmaps it.
+The size never changes once shared, so a mapping can never fault past its end.
+
+:func:`open_arena` is collective (every member calls it at the same point of the set's order,
+as the collectives do); an :class:`Arena` is then used by the engine thread only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from hora.transport.base import Pair
+
+log = logging.getLogger(__name__)
+
+_HELLO = struct.Struct("<qqq")  # pid, descriptor number, bytes
+_OK, _NO = b"\x01", b"\x00"
+
+
+class Arena:
+    """This rank's part of a set's shared memory and its mappings of the others' parts."""
+
+    def __init__(self, fd: int, maps: list[mmap.mmap], rank: int) -> None:
+        self._fd = fd  # kept open: the others open the memory through it
+        self._maps = maps
+        self.rank = rank
+        self.nbytes = min(len(m) for m in maps)
+        self._bytes = [np.frombuffer(m, dtype=np.uint8) for m in maps]
+        self._base = int(self._bytes[rank].ctypes.data)
+
+    def mine(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """The first ``count`` elements of this rank's part, as ``dtype``."""
+        return self._bytes[self.rank][: count * dtype.itemsize].view(dtype)
+
+    def views(self, like: np.ndarray) -> list[np.ndarray] | None:
+        """Every member's part laid out as ``like``, a view at the start of this rank's part
+        (what :meth:`mine` gave); None if ``like`` is not one."""
+        if like.ndim != 1 or int(like.ctypes.data) != self._base or like.nbytes > self.nbytes:
+            return None
+        return [b[: like.nbytes].view(like.dtype) for b in self._bytes]
+
+    def close(self) -> None:
+        """Unmap everything (views into the arena must be gone) and let the memory go."""
+        maps, self._maps, self._bytes = self._maps, [], []
+        for m in maps:
+            with contextlib.suppress(BufferError):  # a view still held: unmapped with it
+                m.close()
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int) -> Arena | None:
+    """Create this rank's part of ``nbytes`` and map the others' (``pairs[i]``: the pair to
+    member ``i``, None for this rank). Collective over the members; None on every member
+    when any of them could not map all the parts (the reason is logged at debug level)."""
+    fd = os.memfd_create("hora-arena", os.MFD_CLOEXEC)
+    found: dict[int, mmap.mmap] = {}
+    try:
+        os.ftruncate(fd, nbytes)
+        found[rank] = mmap.mmap(fd, nbytes)
+        hello = _HELLO.pack(os.getpid(), fd, nbytes)
+        others = [i for i, p in enumerate(pairs) if p is not None]
+        for i in others:
+            _pair(pairs, i).send_msg(hello)
+        problem = ""
+        for i in others:
+            pid, peer_fd, size = _HELLO.unpack(_pair(pairs, i).recv_msg())
+            if problem:
+                continue
+            try:
+                found[i] = _map(pid, peer_fd, size)
+            except OSError as e:
+                problem = f"cannot map member {i}'s arena: {e}"
+        for i in others:
+            _pair(pairs, i).send_msg(_NO if problem else _OK)
+        verdicts = [_pair(pairs, i).recv_msg() for i in others]
+        if not problem and all(v == _OK for v in verdicts):
+            return Arena(fd, [found[i] for i in range(len(pairs))], rank)
+        log.debug("shared arena not used: %s", problem or "another member could not map it")
+    except BaseException:
+        _release(fd, list(found.values()))
+        raise
+    _release(fd, list(found.values()))
+    return None
+
+
+def _pair(pairs: Sequence[Pair | None], i: int) -> Pair:
+    pair = pairs[i]
+    assert pair is not None
+    return pair
+
+
+def _map(pid: int, fd: int, size: int) -> mmap.mmap:
+    peer = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        if os.fstat(peer).st_size != size:
+            raise OSError(f"arena of {os.fstat(peer).st_size} bytes, {size} announced")
+        return mmap.mmap(peer, size)
+    finally:
+        os.close(peer)
+
+
+def _release(fd: int, maps: list[mmap.mmap]) -> None:
+    for m in maps:
+        m.close()
+    with contextlib.suppress(OSError):
+        os.close(fd)

@@ -1,0 +1,167 @@
+"""The shared arena between real processes: every member maps every other's part, a member that
+cannot map them makes every member go without, the allreduce over mapped memory for every dtype
+and reduction, and nothing left open or named once it is closed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness import run_ranks
+
+
+def _pairs(rank: int) -> tuple[Any, list[Any]]:
+    import os
+
+    from hora.transport.shm import ShmTransport
+
+    key = bytes.fromhex(os.environ["HORA_SECRET_KEY"])
+    size = int(os.environ["HORA_SIZE"])
+    t = ShmTransport(rank, size, key, "test/0", connect_timeout=20)
+    return t, [None if i == rank else t.pair(i) for i in range(size)]
+
+
+def _arena_fds() -> list[str]:
+    import os
+
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "hora-arena" in target:
+            found.append(target)
+    return found
+
+
+def _share(rank: int, refuse: int) -> dict[str, Any]:
+    import os
+
+    import numpy as np
+
+    from hora.collectives.allreduce_mapped import signal
+    from hora.collectives.base import GroupComm
+    from hora.transport.shm import arena as arena_mod
+
+    t, pairs = _pairs(rank)
+    comm = GroupComm(t)
+    out: dict[str, Any] = {}
+    arena = arena_mod.open_arena(pairs, rank, 1 << 20)
+    assert arena is not None
+    out["nbytes"] = arena.nbytes
+    mine = arena.mine(1000, np.dtype(np.int64))
+    mine[:] = rank * 1000 + np.arange(1000)
+    signal(comm)
+    views = arena.views(mine)
+    assert views is not None
+    out["seen"] = [bool(np.array_equal(v, r * 1000 + np.arange(1000))) for r, v in enumerate(views)]
+    out["not a view"] = arena.views(mine[1:]) is None and arena.views(mine.copy()) is None
+    signal(comm)
+    views[(rank + 1) % comm.size][rank] = -1  # a write into the next member's part
+    signal(comm)
+    out["written"] = int(mine[(rank - 1) % comm.size])
+    del views, mine
+    arena.close()
+    out["fds after close"] = _arena_fds()
+    out["dev shm"] = sorted(n for n in os.listdir("/dev/shm") if "hora" in n.lower())
+
+    # one member cannot map the others' parts: nobody uses an arena, and the pairs still work
+    if rank == refuse:
+        def refuse_map(pid: int, fd: int, size: int) -> Any:
+            raise OSError("refused for the test")
+
+        arena_mod._map = refuse_map
+    out["refused"] = arena_mod.open_arena(pairs, rank, 1 << 20) is None
+    signal(comm)
+    out["fds after refusal"] = _arena_fds()
+    t.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_every_member_maps_every_part_and_a_refusal_stops_all() -> None:
+    results = run_ranks(_share, 3, args=(1,), timeout=50)
+    for rank, out in enumerate(results):
+        assert out["nbytes"] == 1 << 20
+        assert out["seen"] == [True, True, True], rank
+        assert out["not a view"], rank
+        assert out["written"] == -1, rank  # the previous member wrote into this part
+        assert out["fds after close"] == [] and out["dev shm"] == [], rank
+        assert out["refused"], f"rank {rank} used an arena another member could not map"
+        assert out["fds after refusal"] == [], rank
+
+
+CASES = [
+    ("float32", "sum"), ("float64", "product"), ("float16", "sum"), ("bfloat16", "sum"),
+    ("int32", "min"), ("int64", "max"), ("uint8", "sum"), ("int8", "product"), ("bool", "max"),
+    ("bool", "min"),
+]
+
+
+def _allreduce(rank: int, counts: list[int]) -> dict[str, Any]:
+    import hashlib
+
+    import numpy as np
+
+    from hora.collectives.allreduce_mapped import allreduce_mapped, allreduce_staged
+    from hora.collectives.base import GroupComm
+    from hora.collectives.reduce_ops import MAX, MIN, PRODUCT, SUM, reducer
+    from hora.dtypes import storage_dtype
+    from hora.transport.shm.arena import open_arena
+
+    ops = {"sum": SUM, "min": MIN, "max": MAX, "product": PRODUCT}
+    t, pairs = _pairs(rank)
+    comm = GroupComm(t)
+    n = comm.size
+    arena = open_arena(pairs, rank, 8 << 20)
+    assert arena is not None
+    out: dict[str, Any] = {}
+    for dtype, op in CASES:
+        for count in counts:
+            st = storage_dtype(dtype)
+            # small values, so that sums and products stay exact in every dtype
+            per = [(np.arange(count) % 3 + r) % 2 + 1 for r in range(n)]
+            if dtype == "bool":
+                per = [(np.arange(count) + r) % 3 == 0 for r in range(n)]
+            if dtype == "bfloat16":
+                import ml_dtypes
+
+                vals = [p.astype(ml_dtypes.bfloat16).view(np.uint16) for p in per]
+            else:
+                vals = [p.astype(st) for p in per]
+            buf = arena.mine(count, st)
+            buf[:] = vals[rank]
+            views = arena.views(buf)
+            assert views is not None
+            allreduce_mapped(comm, views, reducer(ops[op], dtype))
+            want = vals[0].copy()
+            for v in vals[1:]:
+                reducer(ops[op], dtype)(want, v)
+            out[f"{dtype} {op} {count}"] = (
+                bool(np.array_equal(buf, want)),
+                hashlib.sha1(buf.tobytes()).hexdigest(),
+            )
+            # a buffer outside the arena, staged through it: the same result, in place
+            mine = vals[rank].copy()
+            allreduce_staged(comm, mine, views, reducer(ops[op], dtype))
+            out[f"staged {dtype} {op} {count}"] = (
+                bool(np.array_equal(mine, want)),
+                hashlib.sha1(mine.tobytes()).hexdigest(),
+            )
+            del views, buf
+    arena.close()
+    t.close()
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_allreduce_over_mapped_memory(np_: int) -> None:
+    counts = [0, 1, 5, 70_001, 300_007]  # the largest spans several pieces per block
+    results = run_ranks(_allreduce, np_, args=(counts,), timeout=100)
+    for case, (ok, digest) in results[0].items():
+        assert ok, f"rank 0: wrong result for {case}"
+        for rank, out in enumerate(results[1:], 1):
+            assert out[case] == (True, digest), f"rank {rank} differs from rank 0 for {case}"
