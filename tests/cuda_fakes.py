@@ -9,11 +9,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import torch
 
 from hora.backends.gloo import GlooBackend
 from hora.backends.nccl import NcclBackend
 from hora.backends.registry import BackendContext
+
+# the real-GPU twins of the tests that run on these fakes skip, saying why, where there is none
+GPU = torch.cuda.is_available()
+NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False here (run scripts/gpu_verify.sh)"
+cuda_only = pytest.mark.skipif(not GPU, reason=NO_GPU)
 
 
 class FakeStreams:
@@ -75,3 +81,40 @@ def nccl_on_cpu(ctx: BackendContext, fake: FakeStreams) -> NcclBackend:
     b._hierarchical = NcclBackend.wants_two_level(ctx.settings)
     b._make_group = lambda *a: GlooBackend._make_group(b, *a)  # type: ignore[method-assign]
     return b
+
+
+def fake_gpu_process(calls: list[str], ops: tuple[str, ...]) -> Any:
+    """Patch this (launched rank's) process to run on the fakes: torch.cuda's streams faked,
+    the engine's backend an NcclBackend over Gloo on the CPU whose ``ops`` record in ``calls``
+    the kind of buffer each gets (``"allreduce:tensor"``, ``"allreduce:host"``), hora.torch's
+    stream runtime a FakeCudaRuntime (returned)."""
+    import numpy as np
+
+    import hora.backends.registry as registry
+    from hora.torch import device
+    from hora.torch.device import FakeCudaRuntime
+
+    fake = FakeStreams()
+    fake.install()
+
+    def make(name: str, ctx: Any) -> NcclBackend:
+        b = nccl_on_cpu(ctx, fake)
+        for op in ops:
+            real = getattr(b, op, None)
+            if real is None:
+                continue
+
+            def recording(comm: Any, buf: Any, *rest: Any, _op: str = op, _real: Any = real
+                          ) -> Any:  # fmt: skip
+                kinds = buf if isinstance(buf, list) else [buf]
+                calls.extend(f"{_op}:{'host' if isinstance(k, np.ndarray) else 'tensor'}"
+                             for k in kinds)  # fmt: skip
+                return _real(comm, buf, *rest)
+
+            setattr(b, op, recording)
+        return b
+
+    registry.create = make  # type: ignore[assignment]
+    rt = FakeCudaRuntime()
+    device.runtime = lambda: rt  # type: ignore[assignment]
+    return rt

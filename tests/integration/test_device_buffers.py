@@ -17,51 +17,15 @@ from typing import Any
 
 import pytest
 
-from cuda_fakes import FakeStreams, nccl_on_cpu
+from cuda_fakes import cuda_only, fake_gpu_process
 from harness import run_ranks
-
-try:
-    import torch as _torch
-
-    GPU = _torch.cuda.is_available()
-except ImportError:
-    GPU = False
-
-NO_GPU = "needs a CUDA GPU with NCCL: torch.cuda.is_available() is False here " \
-    "(run scripts/gpu_verify.sh)"  # fmt: skip
 
 
 def _fake_gpu(calls: list[str]) -> Any:
-    """Patch this process: torch.cuda's streams faked, the engine's backend an NcclBackend
-    over Gloo on the CPU, whose collectives record the kind of buffer they get; hora.torch's
-    stream runtime a FakeCudaRuntime. Returns that runtime."""
-    import numpy as np
-
-    import hora.backends.registry as registry
-    from hora.backends.nccl import NcclBackend
-    from hora.torch import device
-    from hora.torch.device import FakeCudaRuntime
-
-    fake = FakeStreams()
-    fake.install()
-
-    def make(name: str, ctx: Any) -> NcclBackend:
-        b = nccl_on_cpu(ctx, fake)
-        for op in ("allreduce", "allgatherv", "broadcast", "alltoallv", "reducescatterv"):
-            real = getattr(b, op)
-
-            def recording(comm: Any, buf: Any, *rest: Any, _op: str = op, _real: Any = real
-                          ) -> Any:  # fmt: skip
-                calls.append(f"{_op}:{'host' if isinstance(buf, np.ndarray) else 'tensor'}")
-                return _real(comm, buf, *rest)
-
-            setattr(b, op, recording)
-        return b
-
-    registry.create = make  # type: ignore[assignment]
-    rt = FakeCudaRuntime()
-    device.runtime = lambda: rt  # type: ignore[assignment]
-    return rt
+    """The fakes (cuda_fakes.fake_gpu_process), every collective recording its buffer."""
+    return fake_gpu_process(
+        calls, ("allreduce", "allgatherv", "broadcast", "alltoallv", "reducescatterv")
+    )
 
 
 def _device_ops(rank: int, mode: str) -> dict[str, Any]:
@@ -217,7 +181,7 @@ def test_device_tensors_go_through_the_engine_as_they_are() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@cuda_only
 @pytest.mark.timeout(200)
 def test_cuda_tensors_go_through_nccl_as_they_are_on_a_gpu() -> None:
     env = {"HOROVOD_GPU_OPERATIONS": "NCCL"}

@@ -36,17 +36,8 @@ from typing import Any
 
 import pytest
 
+from cuda_fakes import cuda_only
 from harness import run_ranks
-
-try:
-    import torch as _torch
-
-    GPU = _torch.cuda.is_available()
-except ImportError:
-    GPU = False
-
-NO_GPU = "needs a CUDA GPU with NCCL: torch.cuda.is_available() is False here " \
-    "(run scripts/gpu_verify.sh)"  # fmt: skip
 
 WARMUP, STEADY = 5, 8
 STEP, CONTROL = "hora.steady_step", "hora.control"
@@ -57,41 +48,10 @@ Event = tuple[str, float, float, int, str, str]  # name, start us, end us, threa
 
 
 def _fake_gpu(calls: list[str]) -> Any:
-    """Patch this process: torch.cuda's streams faked, the engine's backend an NcclBackend over
-    Gloo on the CPU whose allreduces record the kind of buffer they get, hora.torch's stream
-    runtime a FakeCudaRuntime (returned)."""
-    import numpy as np
+    """The fakes (cuda_fakes.fake_gpu_process), the allreduces recording their buffers."""
+    from cuda_fakes import fake_gpu_process
 
-    import hora.backends.registry as registry
-    from cuda_fakes import FakeStreams, nccl_on_cpu
-    from hora.backends.nccl import NcclBackend
-    from hora.torch import device
-    from hora.torch.device import FakeCudaRuntime
-
-    fake = FakeStreams()
-    fake.install()
-
-    def make(name: str, ctx: Any) -> NcclBackend:
-        b = nccl_on_cpu(ctx, fake)
-        for op in ("allreduce", "allreduce_parts"):
-            real = getattr(b, op, None)
-            if real is None:
-                continue
-
-            def recording(comm: Any, buf: Any, *rest: Any, _op: str = op, _real: Any = real
-                          ) -> Any:  # fmt: skip
-                kinds = buf if isinstance(buf, list) else [buf]
-                calls.extend(f"{_op}:{'host' if isinstance(k, np.ndarray) else 'tensor'}"
-                             for k in kinds)  # fmt: skip
-                return _real(comm, buf, *rest)
-
-            setattr(b, op, recording)
-        return b
-
-    registry.create = make  # type: ignore[assignment]
-    rt = FakeCudaRuntime()
-    device.runtime = lambda: rt  # type: ignore[assignment]
-    return rt
+    return fake_gpu_process(calls, ("allreduce", "allreduce_parts"))
 
 
 def _events(prof: Any) -> list[Event]:
@@ -323,7 +283,7 @@ NCCL_ENV = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HORA_LOG_LEVEL": "WARNING"}
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@cuda_only
 @pytest.mark.timeout(200)
 def test_no_synchronising_cuda_call_in_steady_state_training_on_a_gpu() -> None:
     (out,) = run_ranks(_steady_state, 1, args=("cuda", "sync_debug"), timeout=150, env=NCCL_ENV)
@@ -335,7 +295,7 @@ def test_no_synchronising_cuda_call_in_steady_state_training_on_a_gpu() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@cuda_only
 @pytest.mark.timeout(200)
 def test_the_profiler_shows_no_host_synchronisation_in_steady_state_training_on_a_gpu() -> None:
     (out,) = run_ranks(_steady_state, 1, args=("cuda", "profiler"), timeout=150, env=NCCL_ENV)

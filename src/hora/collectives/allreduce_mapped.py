@@ -37,18 +37,7 @@ def allreduce_mapped(comm: Comm, views: Sequence[np.ndarray], reduce: Reducer) -
     if n == 1:
         return
     signal(comm)
-    bounds = offsets_of(split_even(views[me].size, n))
-    lo, hi = bounds[me], bounds[me + 1]
-    step = max(PIECE_BYTES // views[me].itemsize, 1)
-    mine = views[me]
-    others = [views[(me + k) % n] for k in range(1, n)]
-    for a in range(lo, hi, step):
-        b = min(a + step, hi)
-        acc = mine[a:b]
-        for v in others:
-            reduce(acc, v[a:b])
-        for v in others:
-            v[a:b] = acc
+    _reduce_block(comm, views[me], views, reduce)
     signal(comm)
 
 
@@ -65,23 +54,33 @@ def allreduce_staged(
         return
     np.copyto(views[me], buf)
     signal(comm)
-    bounds = offsets_of(split_even(buf.size, n))
-    lo, hi = bounds[me], bounds[me + 1]
-    step = max(PIECE_BYTES // buf.itemsize, 1)
-    others = [views[(me + k) % n] for k in range(1, n)]
-    for a in range(lo, hi, step):
-        b = min(a + step, hi)
-        acc = buf[a:b]
-        for v in others:
-            reduce(acc, v[a:b])
-        for v in others:
-            v[a:b] = acc
+    bounds = _reduce_block(comm, buf, views, reduce)
     signal(comm)
     mine = views[me]
     for j in range(n):
         if j != me:
             a, b = bounds[j], bounds[j + 1]
             buf[a:b] = mine[a:b]
+
+
+def _reduce_block(
+    comm: Comm, acc: np.ndarray, views: Sequence[np.ndarray], reduce: Reducer
+) -> list[int]:
+    """Reduce this member's block of the others' ``views`` into ``acc`` (which holds this
+    member's input), piece by piece, writing each reduced piece into the others' views while
+    it is in cache. Returns the blocks' bounds."""
+    n, me = comm.size, comm.rank
+    bounds = offsets_of(split_even(acc.size, n))
+    step = max(PIECE_BYTES // acc.itemsize, 1)
+    others = [views[(me + k) % n] for k in range(1, n)]
+    for a in range(bounds[me], bounds[me + 1], step):
+        b = min(a + step, bounds[me + 1])
+        piece = acc[a:b]
+        for v in others:
+            reduce(piece, v[a:b])
+        for v in others:
+            v[a:b] = piece
+    return bounds
 
 
 def signal(comm: Comm) -> None:

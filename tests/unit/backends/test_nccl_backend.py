@@ -15,7 +15,7 @@ import pytest
 import torch
 from backend_ranks import run_two_ranks
 
-from cuda_fakes import FakeStreams, nccl_on_cpu
+from cuda_fakes import FakeStreams, cuda_only, nccl_on_cpu
 from hora.backends import nccl
 from hora.backends.base import SetComm
 from hora.backends.nccl import NcclBackend
@@ -24,10 +24,6 @@ from hora.collectives.reduce_ops import MAX, MIN, SUM
 from hora.identity import Identity
 from hora.rendezvous.client import StoreClient
 from hora.settings import load
-
-NO_GPU = "needs a CUDA GPU with NCCL: torch.cuda.is_available() is False here " \
-    "(run scripts/gpu_verify.sh)"  # fmt: skip
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
 
 
 def two_ranks(store: list[StoreClient], fake: FakeStreams,

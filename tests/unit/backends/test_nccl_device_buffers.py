@@ -12,7 +12,7 @@ import pytest
 import torch
 from backend_ranks import run_two_ranks
 
-from cuda_fakes import FakeStreams, nccl_on_cpu
+from cuda_fakes import FakeStreams, cuda_only, nccl_on_cpu
 from hora.backends.base import SetComm
 from hora.backends.nccl import DeviceBufferOps, NcclBackend, scale_tensor
 from hora.backends.registry import BackendContext
@@ -160,9 +160,7 @@ def two_ranks_of(store: list[StoreClient], fake: FakeStreams, work: Any) -> list
     return run_two_ranks(store, make, work)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="needs a CUDA GPU: torch.cuda.is_available() is False here "
-                    "(run scripts/gpu_verify.sh)")  # fmt: skip
+@cuda_only
 def test_buffer_ops_on_a_gpu() -> None:
     dev = torch.device("cuda", 0)
     ops = DeviceBufferOps(dev, lambda b, f, d: scale_tensor(b, d, f))

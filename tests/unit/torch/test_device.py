@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
+from cuda_fakes import cuda_only
 from hora.torch import device
 from hora.torch.device import CudaRuntime, FakeCudaRuntime, PinnedPool
-
-NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False here (run scripts/gpu_verify.sh)"
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
 
 
 def test_runtime_is_cuda_exactly_when_torch_sees_a_gpu() -> None:

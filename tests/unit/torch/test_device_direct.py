@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from cuda_fakes import cuda_only
 from hora.core.buffers import DeviceArray
 from hora.frameworks.submit import _array
 from hora.torch import adapter
@@ -96,10 +97,9 @@ def test_stage_hands_over_tensors_of_the_jobs_device_only(monkeypatch: pytest.Mo
     assert not stage(t).direct  # a tensor elsewhere is staged as before
 
 
-NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False here (run scripts/gpu_verify.sh)"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+@cuda_only
 def test_a_cuda_tensor_direct_and_back_on_a_side_stream() -> None:
     from hora.torch import device
 

@@ -12,12 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from cuda_fakes import cuda_only
 from hora.torch import adapter
 from hora.torch.adapter import stage, stage_device, to_device, to_tensor, write_back
 from hora.torch.device import FakeCudaRuntime
-
-NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False here (run scripts/gpu_verify.sh)"
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
 
 
 @pytest.fixture(autouse=True)
