@@ -102,11 +102,13 @@ def _large(rank: int) -> dict[str, Any]:
             if not ok:
                 bad.append(f"{dtype} {name}")
             digest.update(np.ascontiguousarray(got).tobytes())
-    big = np.arange(5 * (1 << 18) + 3, dtype=np.float32) * (rank + 1)  # 5 MiB, in place
-    hvd.allreduce(big, op=hvd.Sum, output=big, name="big")
-    want = np.arange(big.size, dtype=np.float32) * (size * (size + 1) // 2)
-    if not np.array_equal(big, want):
-        bad.append("5 MiB float32 in place")
+    # in place: 5 MiB through the shared arena, 9 MiB read where it lies (single copy)
+    for mib in (5, 9):
+        big = np.arange(mib * (1 << 18) + 3, dtype=np.float32) * (rank + 1)
+        hvd.allreduce(big, op=hvd.Sum, output=big, name=f"big{mib}")
+        want = np.arange(big.size, dtype=np.float32) * (size * (size + 1) // 2)
+        if not np.array_equal(big, want):
+            bad.append(f"{mib} MiB float32 in place")
     counts = [70_000 + 13 * r for r in range(size)]
     gathered = hvd.allgather(np.full((counts[rank], 2), rank, np.float64), name="gather")
     if not np.array_equal(gathered[:, 0], np.repeat(np.arange(size), counts)):
@@ -122,6 +124,8 @@ def test_large_reductions_every_dtype_and_op_over_shared_memory(np_: int) -> Non
     for r in results:
         assert r.ok, f"rank {r.rank}: {r.status}\n{r.value}\n{r.stderr[-3000:]}"
         assert r.value["bad"] == [], r.value["bad"]
+        arena = f"allreduce: shared arena for process set 0 of {np_} members: mapped"
+        assert arena in r.stderr
         assert "allreduce: direct over shared memory" in r.stderr
     # each block is reduced by one rank and then copied: every rank holds the same bits
     assert len({r.value["digest"] for r in results}) == 1

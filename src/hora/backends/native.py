@@ -5,6 +5,7 @@ Stateless apart from the transport it was given; called from the engine thread o
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +20,8 @@ from hora.transport.shm.arena import Arena, open_arena
 
 if TYPE_CHECKING:
     from hora.backends.registry import BackendContext
+
+log = logging.getLogger(__name__)
 
 
 # A fused allreduce goes part by part (no fusion-buffer copies) when its tensors average at
@@ -104,6 +107,8 @@ class NativeBackend:
             if _one_shared_host(comm):
                 pairs = [None if i == comm.rank else comm.pair(i) for i in range(comm.size)]
                 self._arenas[ps_id] = open_arena(pairs, comm.rank, ARENA_BYTES)
+                log.debug("allreduce: shared arena for process set %d of %d members: %s",
+                          ps_id, comm.size, "mapped" if self._arenas[ps_id] else "not used")
         return self._arenas[ps_id]
 
     def reduces_parts(self, comm: SetComm, nbytes: int, count: int = 1) -> bool:
