@@ -39,7 +39,7 @@ ARENA_BYTES = 64 << 20
 # copied out) rather than with single-copy reads: measured at np=2 on one host, 0.62-0.79 of
 # the time from 256 KiB to 4 MiB; slower at 64 KiB (two messages against the small-message
 # path's one exchange) and at 16 MiB (the copies outweigh the system calls saved).
-MAPPED_MIN_BYTES = 128 << 10
+MAPPED_MIN_BYTES = 64 << 10
 MAPPED_MAX_BYTES = 8 << 20
 
 
@@ -98,6 +98,17 @@ class NativeBackend:
         if arena is None or count * st.itemsize > arena.nbytes:
             return None
         return arena.mine(count, st)
+
+    def exchange_slot(self, comm: SetComm, slot: int, nbytes: int) -> list[np.ndarray] | None:
+        """Exchange slot ``slot`` (0 or 1) of every member's part of the set's shared arena, as
+        ``nbytes`` bytes: where a two-member round puts an allreduce's input for the other
+        member to read (hora.core.fastpath). None if the set has no arena open, or the input
+        does not fit. Never opens one (that is collective). The two slots are disjoint, so a
+        member may fill one while the other still reads its last input from the other slot."""
+        arena = self._arenas.get(comm.process_set_id)
+        if arena is None or nbytes > MAPPED_MAX_BYTES or arena.nbytes < 2 * MAPPED_MAX_BYTES:
+            return None
+        return arena.region(slot * MAPPED_MAX_BYTES, nbytes)
 
     def _arena(self, comm: SetComm) -> Arena | None:
         """The set's shared arena, opened (collectively) the first time it is asked for."""

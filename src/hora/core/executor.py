@@ -56,7 +56,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 # A two-member set in direct mode moves an allreduce up to this size inside the round's headers
-# (hora.core.fastpath), with hora's own backend: one exchange instead of two.
+# (hora.core.fastpath), with hora's own backend: one exchange instead of two. Larger ones, up
+# to the backend's exchange slots, go through the set's shared arena where it has one.
 EXCHANGE_MAX_BYTES = 64 << 10
 
 # In a fused allreduce, tensors this large are reduced in place rather than copied through the
@@ -249,40 +250,79 @@ class Executor:
         self._act(names, None)
         ops.scale(buf, dtype, post)
 
-    def exchange_input(self, spec: TensorSpec, entry: TensorEntry) -> np.ndarray | None:
-        """What this rank sends when a two-member round carries a small allreduce itself: a
-        prescaled copy of the input (the input stays as it is, should the round not run it);
-        None when the op does not qualify."""
+    def exchange_input(
+        self, comm: SetComm, spec: TensorSpec, entry: TensorEntry, slot: int
+    ) -> tuple[np.ndarray, bool] | None:
+        """What this rank offers when a two-member round carries an allreduce itself: its
+        prescaled input (the input stays as it is, should the round not run it), and whether
+        that lies in exchange slot ``slot`` of the set's shared arena, where the other member
+        reads it (else it travels in the header). None when the op does not qualify: not an
+        allreduce, not hora's own backend, or too large, or above the header's size with no
+        shared arena open for the set."""
         req = spec.request
-        if (req.op != OpType.ALLREDUCE or req.nbytes > EXCHANGE_MAX_BYTES
-                or entry.array is None or not getattr(self.backend, "native", False)):
+        if (req.op != OpType.ALLREDUCE or entry.array is None
+                or not getattr(self.backend, "native", False)):
+            return None
+        if req.nbytes <= EXCHANGE_MAX_BYTES:
+            _arrived(entry)
+            buf = entry.array.reshape(-1).copy()
+            scale(buf, req.dtype, req.prescale)
+            return buf, False
+        views = self._slot(comm, slot, entry.array.reshape(-1))
+        if views is None:
             return None
         _arrived(entry)
-        buf = entry.array.reshape(-1).copy()
-        scale(buf, req.dtype, req.prescale)
-        return buf
+        mine = views[comm.rank]
+        np.copyto(mine, entry.array.reshape(-1))
+        scale(mine, req.dtype, req.prescale)
+        return mine, True
+
+    def _slot(self, comm: SetComm, slot: int, like: np.ndarray) -> list[np.ndarray] | None:
+        """Every member's exchange slot ``slot``, laid out as ``like``; None where the backend
+        has no shared arena open for the set (it never opens one here: that is collective)."""
+        get = getattr(self.backend, "exchange_slot", None)
+        views = get(comm, slot, like.nbytes) if get is not None else None
+        return None if views is None else [v.view(like.dtype) for v in views]
+
+    def exchange_peer(self, comm: SetComm, slot: int, like: np.ndarray) -> np.ndarray:
+        """The other member's input in its exchange slot ``slot``, laid out as ``like``."""
+        views = self._slot(comm, slot, like)
+        if views is None:
+            raise HoraInternalError("the other member used a shared exchange slot this rank lacks")
+        return views[1 - comm.rank]
 
     def finish_exchange(
-        self, spec: TensorSpec, entry: TensorEntry, mine: np.ndarray, theirs: bytes
-    ) -> np.ndarray:
+        self, spec: TensorSpec, entry: TensorEntry, mine: np.ndarray,
+        theirs: bytes | np.ndarray, shared: bool = False,
+    ) -> np.ndarray:  # fmt: skip
         """The result of a two-member allreduce from both prescaled inputs: the same bits on
-        both ranks (the element-wise ops commute), written to the output if there is one."""
+        both ranks (the element-wise ops commute), written to the output if there is one.
+        ``shared``: both inputs lie in the set's shared arena, where the other member reads
+        ``mine`` meanwhile, so the result is made in the output, never in ``mine``."""
         req = spec.request
         op = req.reduce_op
-        incoming = np.frombuffer(theirs, dtype=mine.dtype)
+        incoming = theirs if isinstance(theirs, np.ndarray) else np.frombuffer(theirs, mine.dtype)
         if incoming.size != mine.size:
             raise HoraInternalError(
-                f"{req.name}: the other rank sent {len(theirs)} bytes for {mine.nbytes}"
+                f"{req.name}: the other rank sent {incoming.nbytes} bytes for {mine.nbytes}"
             )
+        out = mine
+        if shared:  # the output, holding this rank's prescaled input
+            if entry.output is None:
+                out = mine.copy()
+            else:
+                out = entry.output.reshape(-1)
+                if entry.output is not entry.array or req.prescale != 1.0:
+                    out[...] = mine
         self._act([req.name], "EXCHANGE_ALLREDUCE")
-        reducer(SUM if op == AVERAGE else op, req.dtype)(mine, incoming)
-        scale(mine, req.dtype, req.postscale / 2 if op == AVERAGE else req.postscale)
+        reducer(SUM if op == AVERAGE else op, req.dtype)(out, incoming)
+        scale(out, req.dtype, req.postscale / 2 if op == AVERAGE else req.postscale)
         self._act([req.name], None)
-        if entry.output is not None:
+        if entry.output is not None and out is mine:
             flat = entry.output.reshape(-1)
             flat[...] = mine
             return flat.reshape(req.shape)
-        return mine.reshape(req.shape)
+        return out.reshape(req.shape)
 
     def allgather(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Any:
         req = spec.request

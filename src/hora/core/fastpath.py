@@ -57,6 +57,8 @@ log = logging.getLogger("hora.engine")
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
 DATA = 2  # the header's flag: the input of its one tensor follows the ids (two members)
+SHARED = 4  # the header's flag: the input of its one tensor lies in a shared exchange slot
+SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
 _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, then any data
 
 Header = tuple[int, list[int], bytes]  # flags, cache ids, data
@@ -167,6 +169,7 @@ class MemberState:
         self.direct = DirectMode()
         self.ready: dict[str, int] = {}
         self.other = False
+        self.slot = 0  # the shared exchange slot this rank fills next (they take turns)
         self.sent: set[str] = set()
         # what a round waits on, made at the first round: the other members' data connections
         # by descriptor, and a poll object over them, the control connections and the wake-up
@@ -290,21 +293,33 @@ class DirectRounds:
         ids = list(ms.ready.values())
         flags = OTHER if ms.other else 0
         mine = spec = None
+        shared = False
         if len(ids) == 1 and not flags and ms.comm.size == 2:  # the data may come along
             key = next(iter(ms.ready))
             spec = ms.cache.get(ids[0])
             if spec is not None:
-                mine = self.executor.exchange_input(spec, ms.table[key])
-        data = b"" if mine is None else mine.tobytes()
-        if mine is not None:
+                offer = self.executor.exchange_input(ms.comm, spec, ms.table[key], ms.slot)
+                if offer is not None:
+                    mine, shared = offer
+        data = b""
+        if mine is not None and shared:  # in the shared arena: the slots take turns
+            flags |= SHARED | (SLOT1 if ms.slot else 0)
+            ms.slot ^= 1
+        elif mine is not None:
             flags |= DATA
+            data = mine.tobytes()
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
         if headers is None:  # this rank is shutting down: the loop goes on to do so
             return
         if mine is not None and spec is not None:
             theirs = headers[1 - ms.comm.rank]
-            if theirs[0] & DATA and theirs[1] == ids:  # both sent the same tensor's input
-                self._exchanged(ms, key, ids[0], spec, mine, theirs[2])
+            if theirs[1] == ids and theirs[0] & (SHARED if shared else DATA):
+                # both offered the same tensor's input, the same way
+                incoming: Any = theirs[2]
+                if shared:
+                    slot = 1 if theirs[0] & SLOT1 else 0
+                    incoming = self.executor.exchange_peer(ms.comm, slot, mine)
+                self._exchanged(ms, key, ids[0], spec, mine, incoming, shared)
                 return
         chosen = ms.direct.decide(headers)
         plan = None if chosen is None else ms.direct.plan(chosen, ms.cache)
@@ -326,19 +341,21 @@ class DirectRounds:
                 mirror.touch(cid)
 
     def _exchanged(
-        self, ms: MemberState, key: str, cid: int, spec: TensorSpec, mine: Any, theirs: bytes
-    ) -> None:
+        self, ms: MemberState, key: str, cid: int, spec: TensorSpec, mine: Any, theirs: Any,
+        shared: bool,
+    ) -> None:  # fmt: skip
         """Finish a tensor whose inputs travelled in the round's headers."""
         entry = ms.table[key]
         del ms.ready[key]
         self._touch(ms, [cid])
         self.stats["responses"] += 1
+        self.stats["exchanged_shared" if shared else "exchanged"] += 1
         name = spec.request.name
         tl = self.timeline
         if tl is not None:
             tl.negotiate_end(name)
             tl.start(name, "ALLREDUCE")
-        result = self.executor.finish_exchange(spec, entry, mine, theirs)
+        result = self.executor.finish_exchange(spec, entry, mine, theirs, shared)
         del ms.table[key]
         entry.complete(result)
         if tl is not None:

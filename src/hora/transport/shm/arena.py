@@ -52,6 +52,10 @@ class Arena:
         """The first ``count`` elements of this rank's part, as ``dtype``."""
         return self._bytes[self.rank][: count * dtype.itemsize].view(dtype)
 
+    def region(self, offset: int, nbytes: int) -> list[np.ndarray]:
+        """Bytes ``[offset, offset + nbytes)`` of every member's part."""
+        return [b[offset : offset + nbytes] for b in self._bytes]
+
     def views(self, like: np.ndarray) -> list[np.ndarray] | None:
         """Every member's part laid out as ``like``, a view at the start of this rank's part
         (what :meth:`mine` gave); None if ``like`` is not one."""
