@@ -35,10 +35,11 @@ PARTS_MIN_BYTES = 64 << 10
 # as the set's fusion buffer: fused responses up to this size are reduced in mapped memory.
 # Only what a response writes is ever allocated.
 ARENA_BYTES = 64 << 20
-# A single buffer in this range is reduced through the arena (one copy in, the others' blocks
-# copied out) rather than with single-copy reads: measured at np=2 on one host, 0.62-0.79 of
-# the time from 256 KiB to 4 MiB; slower at 64 KiB (two messages against the small-message
-# path's one exchange) and at 16 MiB (the copies outweigh the system calls saved).
+# A single buffer above MAPPED_MIN_BYTES and up to MAPPED_MAX_BYTES is reduced through the
+# arena (one copy in, the others' blocks copied out) rather than with single-copy reads:
+# measured at np=2 on one host, 0.38-0.96 of the time from 80 KiB to 8 MiB; at 16 MiB no
+# faster (the copies cost what the system calls saved). Up to 64 KiB the small-message path
+# (or, in direct mode, the round's headers) takes one exchange.
 MAPPED_MIN_BYTES = 64 << 10
 MAPPED_MAX_BYTES = 8 << 20
 
