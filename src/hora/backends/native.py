@@ -32,16 +32,25 @@ log = logging.getLogger(__name__)
 PARTS_MIN_BYTES = 64 << 10
 
 # Each member's part of a one-host set's shared arena (hora.transport.shm.arena), which serves
-# as the set's fusion buffer: fused responses up to this size are reduced in mapped memory.
-# Only what a response writes is ever allocated.
-ARENA_BYTES = 64 << 20
+# as the set's fusion buffer (fused responses up to this size are reduced in mapped memory) and
+# holds direct mode's two exchange slots. Only what is written is ever allocated.
+ARENA_BYTES = 128 << 20
 # A single buffer above MAPPED_MIN_BYTES and up to MAPPED_MAX_BYTES is reduced through the
 # arena (one copy in, the others' blocks copied out) rather than with single-copy reads:
-# measured at np=2 on one host, 0.38-0.96 of the time from 80 KiB to 8 MiB; at 16 MiB no
-# faster (the copies cost what the system calls saved). Up to 64 KiB the small-message path
-# (or, in direct mode, the round's headers) takes one exchange.
+# measured at np=2 on one host, 0.38-0.96 of the time from 80 KiB to 8 MiB; at 12-16 MiB
+# single-copy reads are faster (1.12-1.53x), the copies costing more than the system calls
+# they save. Up to 64 KiB the small-message path (or, in direct mode, the round's headers)
+# takes one exchange.
 MAPPED_MIN_BYTES = 64 << 10
 MAPPED_MAX_BYTES = 8 << 20
+# Direct mode's two exchange slots (exchange_slot): a two-member allreduce up to this size is
+# handed over through them, one exchange of headers. Back to back on an idle machine they match
+# the staged path at 8 MiB and trail single-copy reads at 16 MiB (2.6 against 2.0 ms); in
+# training, where the engine thread shares the cores with the training threads and each extra
+# synchronisation waits for a descheduled peer, 32 MiB slots gave the MLP of
+# examples/pytorch_synthetic_benchmark.py (a 12 MiB gradient) 7,167-7,591 img/s against
+# 6,207-6,789 with 8 MiB slots, three rounds each, taking turns (docs/benchmarks.md).
+SLOT_BYTES = 32 << 20
 
 
 def _one_shared_host(comm: SetComm) -> bool:
@@ -107,9 +116,9 @@ class NativeBackend:
         does not fit. Never opens one (that is collective). The two slots are disjoint, so a
         member may fill one while the other still reads its last input from the other slot."""
         arena = self._arenas.get(comm.process_set_id)
-        if arena is None or nbytes > MAPPED_MAX_BYTES or arena.nbytes < 2 * MAPPED_MAX_BYTES:
+        if arena is None or nbytes > SLOT_BYTES or arena.nbytes < 2 * SLOT_BYTES:
             return None
-        return arena.region(slot * MAPPED_MAX_BYTES, nbytes)
+        return arena.region(slot * SLOT_BYTES, nbytes)
 
     def _arena(self, comm: SetComm) -> Arena | None:
         """The set's shared arena, opened (collectively) the first time it is asked for."""
