@@ -75,7 +75,9 @@ class NativeBackend:
                                                       or knobs.torus_allreduce)
         self._hier_allgather = knobs is not None and knobs.hierarchical_allgather
         self._arenas: dict[int, Arena | None] = {}  # by process set, once asked for
-        self.mapped = 0  # allreduces run over a shared arena (tests and diagnosis read it)
+        # allreduces run over a shared arena, and fused ones gathered where their tensors lie
+        # (tests and diagnosis read them)
+        self.mapped = self.gathered = 0
 
     def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int) -> None:
         arena = self._arenas.get(comm.process_set_id)
@@ -149,6 +151,7 @@ class NativeBackend:
         for p in parts:
             check_buffer(p, dtype)
         hierarchical.allreduce_direct(comm, parts, reducer(op, dtype), scratch=self._scratch)
+        self.gathered += 1
 
     def allgatherv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
                    counts: list[int]) -> None:
