@@ -216,7 +216,9 @@ def test_a_peer_that_leaves_during_a_round_fails_the_others_quickly(how: str) ->
         assert results[1].status == "died" and results[1].returncode == -9
 
 
-def _same_bits(rank: int) -> dict[str, object]:
+def _same_bits(rank: int, count: int) -> dict[str, object]:
+    import hashlib
+
     import numpy as np
 
     import hora as hvd
@@ -226,39 +228,59 @@ def _same_bits(rank: int) -> dict[str, object]:
     out: dict[str, object] = {}
     ops = {"sum": hvd.Sum, "avg": hvd.Average, "min": hvd.Min, "max": hvd.Max,
            "prod": hvd.Product}
+    digest = hashlib.sha256()
+    before = _stats()
     for dtype in ("float32", "float64", "float16", "int32", "int64", "uint8", "bool"):
         for label, op in ops.items():
             if dtype == "bool" and label in ("avg", "prod"):
                 continue
-            x = (rng.standard_normal(300) * 10).astype(dtype)
+            x = (rng.standard_normal(count) * 10).astype(dtype)
             got = []
-            # the first is negotiated with rank 0, the second as cache hits, the later ones
-            # in direct mode, with the inputs inside the round's headers
+            # the first is negotiated with rank 0 (the backend's bits), the second as cache
+            # hits, the later ones in direct mode, with the inputs exchanged in the round
             for _ in range(4):
                 got.append(hvd.allreduce(x, op=op, name=f"{dtype}.{label}",
                                          prescale_factor=1.0 if dtype == "bool" else 0.5,
                                          postscale_factor=1.0 if dtype == "bool" else 3.0))
             out[f"{dtype}.{label}"] = all(g.tobytes() == got[0].tobytes() for g in got[1:])
-    # in place, bfloat16 storage
-    buf = np.arange(16, dtype=np.float32) * (rank + 1)
+            digest.update(got[-1].tobytes())
+    # in place, into a given output, bfloat16 storage
+    buf = np.arange(count, dtype=np.float32) * (rank + 1)
     for _ in range(4):
         hvd.allreduce(buf, op=hvd.Sum, output=buf, name="inplace")
-    out["inplace"] = buf.tolist()
-    bf = np.full(8, 0x3F80, dtype=np.uint16)  # bfloat16 1.0
+    # element i is i * (1 + 2) after the first step, doubled at each later one
+    out["inplace"] = bool(np.array_equal(buf, np.arange(count) * 3.0 * 2**3))
+    src = np.full(count, rank + 1, dtype=np.float64)
+    dst = np.zeros_like(src)
+    for _ in range(4):
+        hvd.allreduce(src, op=hvd.Average, output=dst, name="given")
+    out["given"] = bool(np.all(dst == 1.5) and np.all(src == rank + 1))
+    bf = np.full(count, 0x3F80, dtype=np.uint16)  # bfloat16 1.0
     for _ in range(4):
         res = hvd.allreduce(bf, op=hvd.Sum, dtype="bfloat16", name="bf16")
-    out["bf16"] = res.tolist()
-    out["exchanged"] = _stats()["direct_rounds"]
+    out["bf16"] = bool(np.all(res == 0x4000) and np.all(bf == 0x3F80))  # 2.0; input kept
+    after = _stats()
+    out["exchanged"] = after["exchanged"] - before["exchanged"]
+    out["exchanged_shared"] = after["exchanged_shared"] - before["exchanged_shared"]
+    out["digest"] = digest.hexdigest()
     hvd.shutdown()
     return out
 
 
 @pytest.mark.timeout(120)
-def test_inputs_exchanged_in_the_round_give_the_backends_bits() -> None:
-    for out in run_ranks(_same_bits, 2, timeout=90):
+@pytest.mark.parametrize(
+    ("count", "way"),
+    [(300, "exchanged"), (70_001, "exchanged_shared")],  # 70 KB to 560 KB: the shared arena
+    ids=["in-the-headers", "shared-arena"],
+)
+def test_inputs_exchanged_in_the_round_give_the_backends_bits(count: int, way: str) -> None:
+    """Up to 64 KiB the inputs travel in the round's headers; above, on one host, through the
+    set's shared arena (hora.backends.native.exchange_slot). Either way the later results have
+    the bits of the first, which the backend made, on both ranks."""
+    results = run_ranks(_same_bits, 2, args=(count,), timeout=90)
+    assert results[0]["digest"] == results[1]["digest"]  # the same bits on both ranks
+    for out in results:
         bad = [k for k, v in out.items() if v is False]
         assert not bad, bad
-        # in place: element i is i * (1 + 2) after the first step, doubled at each later one
-        assert out["inplace"] == [float(i * 3 * 2**3) for i in range(16)], out["inplace"]
-        assert out["bf16"] == [0x4000] * 8, out["bf16"]  # 1.0 + 1.0 = 2.0
-        assert int(out["exchanged"]) > 60, out["exchanged"]  # type: ignore[call-overload]
+        # 31 dtype and op cases plus 3 more, each exchanged twice or more
+        assert int(out[way]) >= 2 * 34, out  # type: ignore[call-overload]
