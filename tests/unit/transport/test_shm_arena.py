@@ -76,6 +76,24 @@ def _share(rank: int, refuse: int) -> dict[str, Any]:
     out["refused"] = arena_mod.open_arena(pairs, rank, 1 << 20) is None
     signal(comm)
     out["fds after refusal"] = _arena_fds()
+
+    # one member's pids name other processes (as across pid namespaces): here it maps its
+    # own part in their place, and the tokens show it; again nobody uses an arena
+    if rank == refuse:
+        def own_part(pid: int, fd: int, size: int) -> Any:
+            import mmap
+
+            for n in os.listdir("/proc/self/fd"):  # this process's own arena, same size
+                try:
+                    if "hora-arena" in os.readlink(f"/proc/self/fd/{n}"):
+                        return mmap.mmap(int(n), size)
+                except OSError:
+                    continue
+            raise OSError("no arena of this process to map")
+
+        arena_mod._map = own_part
+    out["wrong process"] = arena_mod.open_arena(pairs, rank, 1 << 20) is None
+    signal(comm)
     t.close()
     return out
 
@@ -91,6 +109,7 @@ def test_every_member_maps_every_part_and_a_refusal_stops_all() -> None:
         assert out["fds after close"] == [] and out["dev shm"] == [], rank
         assert out["refused"], f"rank {rank} used an arena another member could not map"
         assert out["fds after refusal"] == [], rank
+        assert out["wrong process"], f"rank {rank} used an arena mapped from the wrong process"
 
 
 CASES = [

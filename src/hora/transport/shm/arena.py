@@ -7,10 +7,12 @@ needs, and no staging copy. The engine packs a fused response straight into this
 
 Each member creates an anonymous ``memfd`` of the arena's size (pages are allocated when first
 written), keeps its descriptor open, and sends every other member its pid, descriptor number and
-size over the set's pairs; each member opens the others' through ``/proc/<pid>/fd/<n>`` (the
-kernel allows it exactly when it allows single-copy reads: same user, ptrace access) and maps
-them. Then every member tells every other whether it mapped them all, and the arena is used
-only if all did, so every member decides alike. A memfd has no name: nothing is left behind on
+size over the set's pairs, with a random token it wrote at the start of its part; each member
+opens the others' through ``/proc/<pid>/fd/<n>`` (the kernel allows it exactly when it allows
+single-copy reads: same user, ptrace access), maps them and checks each token, so a pid that
+names another process here (ranks in different pid namespaces) is caught. Then every member
+tells every other whether it mapped them all, and the arena is used only if all did, so every
+member decides alike. A memfd has no name: nothing is left behind on
 any exit path, a SIGKILL included, and the kernel frees it when the last process unmaps it.
 The size never changes once shared, so a mapping can never fault past its end.
 
@@ -33,7 +35,7 @@ from hora.transport.base import Pair
 
 log = logging.getLogger(__name__)
 
-_HELLO = struct.Struct("<qqq")  # pid, descriptor number, bytes
+_HELLO = struct.Struct("<qqq16s")  # pid, descriptor number, bytes, the token at its start
 _OK, _NO = b"\x01", b"\x00"
 
 
@@ -82,19 +84,25 @@ def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int) -> Arena | 
     try:
         os.ftruncate(fd, nbytes)
         found[rank] = mmap.mmap(fd, nbytes)
-        hello = _HELLO.pack(os.getpid(), fd, nbytes)
+        token = os.urandom(16)  # proves a mapping is this part, whatever the pid namespaces
+        found[rank][: len(token)] = token
+        hello = _HELLO.pack(os.getpid(), fd, nbytes, token)
         others = [i for i, p in enumerate(pairs) if p is not None]
         for i in others:
             _pair(pairs, i).send_msg(hello)
         problem = ""
         for i in others:
-            pid, peer_fd, size = _HELLO.unpack(_pair(pairs, i).recv_msg())
+            pid, peer_fd, size, peer_token = _HELLO.unpack(_pair(pairs, i).recv_msg())
             if problem:
                 continue
             try:
                 found[i] = _map(pid, peer_fd, size)
             except OSError as e:
                 problem = f"cannot map member {i}'s arena: {e}"
+                continue
+            # another pid namespace (a container) can make the pid name another process here
+            if found[i][: len(peer_token)] != peer_token:
+                problem = f"/proc/{pid}/fd/{peer_fd} is not member {i}'s arena here"
         for i in others:
             _pair(pairs, i).send_msg(_NO if problem else _OK)
         verdicts = [_pair(pairs, i).recv_msg() for i in others]
