@@ -91,8 +91,7 @@ class NativeBackend:
             arena = self._arena(comm)
             if arena is not None and buf.nbytes <= arena.nbytes:
                 check_buffer(buf, dtype)
-                staged = arena.views(arena.mine(buf.size, buf.dtype))
-                assert staged is not None
+                staged = arena.region(0, buf.nbytes, buf.dtype)
                 allreduce_staged(comm, buf, staged, reducer(op, dtype))
                 self.mapped += 1
                 return
@@ -140,8 +139,7 @@ class NativeBackend:
         that reducing each where it lies beats copying them through the fusion buffer (each
         part costs the transport a scatter piece and the reduction a call of its own). The
         same answer on every rank of the set."""
-        layout = hierarchical.layout_of(comm)
-        return (layout is not None and layout.shared and not layout.multi_host
+        return (_one_shared_host(comm)
                 and nbytes > registry.SMALL_THRESHOLD and nbytes >= PARTS_MIN_BYTES * count
                 and nbytes > MAPPED_MAX_BYTES)  # below: the fusion buffer in the arena
 

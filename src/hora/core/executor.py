@@ -306,22 +306,17 @@ class Executor:
             raise HoraInternalError(
                 f"{req.name}: the other rank sent {incoming.nbytes} bytes for {mine.nbytes}"
             )
-        out = mine
-        if shared:  # the output, holding this rank's prescaled input
-            if entry.output is None:
-                out = mine.copy()
-            else:
-                out = entry.output.reshape(-1)
-                if entry.output is not entry.array or req.prescale != 1.0:
-                    out[...] = mine
+        # where the result is made, holding this rank's prescaled input
+        if entry.output is None:
+            out = mine.copy() if shared else mine
+        else:
+            out = entry.output.reshape(-1)
+            if entry.output is not entry.array or req.prescale != 1.0:  # else it holds it
+                out[...] = mine
         self._act([req.name], "EXCHANGE_ALLREDUCE")
         reducer(SUM if op == AVERAGE else op, req.dtype)(out, incoming)
         scale(out, req.dtype, req.postscale / 2 if op == AVERAGE else req.postscale)
         self._act([req.name], None)
-        if entry.output is not None and out is mine:
-            flat = entry.output.reshape(-1)
-            flat[...] = mine
-            return flat.reshape(req.shape)
         return out.reshape(req.shape)
 
     def allgather(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Any:

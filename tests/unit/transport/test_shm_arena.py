@@ -22,7 +22,8 @@ def _pairs(rank: int) -> tuple[Any, list[Any]]:
     return t, [None if i == rank else t.pair(i) for i in range(size)]
 
 
-def _arena_fds() -> list[str]:
+def _arena_fds() -> list[int]:
+    """This process's open descriptors of arena memory."""
     import os
 
     found = []
@@ -32,7 +33,7 @@ def _arena_fds() -> list[str]:
         except OSError:
             continue
         if "hora-arena" in target:
-            found.append(target)
+            found.append(int(fd))
     return found
 
 
@@ -83,12 +84,8 @@ def _share(rank: int, refuse: int) -> dict[str, Any]:
         def own_part(pid: int, fd: int, size: int) -> Any:
             import mmap
 
-            for n in os.listdir("/proc/self/fd"):  # this process's own arena, same size
-                try:
-                    if "hora-arena" in os.readlink(f"/proc/self/fd/{n}"):
-                        return mmap.mmap(int(n), size)
-                except OSError:
-                    continue
+            for n in _arena_fds():  # this process's own arena, same size
+                return mmap.mmap(n, size)
             raise OSError("no arena of this process to map")
 
         arena_mod._map = own_part

@@ -54,16 +54,17 @@ class Arena:
         """The first ``count`` elements of this rank's part, as ``dtype``."""
         return self._bytes[self.rank][: count * dtype.itemsize].view(dtype)
 
-    def region(self, offset: int, nbytes: int) -> list[np.ndarray]:
-        """Bytes ``[offset, offset + nbytes)`` of every member's part."""
-        return [b[offset : offset + nbytes] for b in self._bytes]
+    def region(self, offset: int, nbytes: int, dtype: np.dtype | None = None) -> list[np.ndarray]:
+        """Bytes ``[offset, offset + nbytes)`` of every member's part (viewed as ``dtype``)."""
+        parts = [b[offset : offset + nbytes] for b in self._bytes]
+        return parts if dtype is None else [p.view(dtype) for p in parts]
 
     def views(self, like: np.ndarray) -> list[np.ndarray] | None:
         """Every member's part laid out as ``like``, a view at the start of this rank's part
         (what :meth:`mine` gave); None if ``like`` is not one."""
         if like.ndim != 1 or int(like.ctypes.data) != self._base or like.nbytes > self.nbytes:
             return None
-        return [b[: like.nbytes].view(like.dtype) for b in self._bytes]
+        return self.region(0, like.nbytes, like.dtype)
 
     def close(self) -> None:
         """Unmap everything (views into the arena must be gone) and let the memory go."""
