@@ -3,11 +3,14 @@
 Change ``import horovod.tensorflow as hvd`` to ``import hora.tensorflow as hvd`` and nothing
 else: the lifecycle, topology and process-set calls, every collective on ``tf.Tensor`` and
 ``tf.Variable`` (eager and inside ``tf.function``, differentiable with Horovod's gradient
-rules), ``DistributedGradientTape``, ``DistributedOptimizer`` (Keras optimizers),
-``broadcast_variables``, ``broadcast_object``/``allgather_object``, ``Compression`` and
-``SyncBatchNormalization`` keep their names, signatures and defaults.
+rules), ``DistributedGradientTape``, ``DistributedOptimizer`` (Keras optimizers, and TensorFlow
+1's ``tf.compat.v1.train`` optimizers), ``broadcast_variables``, TensorFlow 1's
+``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook``,
+``broadcast_object``/``allgather_object``, ``Compression`` and ``SyncBatchNormalization`` keep
+their names, signatures and defaults.
 
-Call from the training thread (eager) or from inside ``tf.function``.
+Call from the training thread (eager), from inside ``tf.function``, or while building a
+TensorFlow 1 graph (``tf.compat.v1``; the ops then run when a session runs them).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from hora.tensorflow.functions import (
     broadcast_variables,
 )
 from hora.tensorflow.gradients import DistributedGradientTape
+from hora.tensorflow.graph_v1 import BroadcastGlobalVariablesHook
 from hora.tensorflow.keras.optimizer import (
     TensorFlowDistributedOptimizer as DistributedOptimizer,
 )
@@ -81,7 +85,8 @@ from hora.tensorflow.mpi_ops import (
 from hora.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
-    "Adasum", "Average", "elastic", "Compression", "DistributedGradientTape",
+    "Adasum", "Average", "BroadcastGlobalVariablesHook", "elastic", "Compression",
+    "DistributedGradientTape",
     "DistributedOptimizer", "HoraInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
     "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",

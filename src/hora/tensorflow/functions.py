@@ -3,7 +3,8 @@
 ``broadcast_variables`` assigns the root's values to a list of ``tf.Variable`` (one grouped
 bridge call); ``broadcast_object``/``allgather_object`` pickle any object. Collective: every rank
 calls these in the same order. Run in the training thread (eager, or inside tf.function for
-``broadcast_variables``).
+``broadcast_variables``). In a TensorFlow 1 graph ``broadcast_variables`` and
+``broadcast_global_variables`` return an op that a session runs (:mod:`hora.tensorflow.graph_v1`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import tensorflow as tf
 
 from hora import global_process_set
 from hora.frameworks import ops
+from hora.tensorflow import graph_v1
 from hora.tensorflow.mpi_ops import ProcessSet, broadcast_
 
 
@@ -22,28 +24,26 @@ def broadcast_variables(
     root_rank: int,
     process_set: ProcessSet = global_process_set,
     inplace: bool = False,
-) -> None:
+) -> Any:
     """Assign ``root_rank``'s value to every variable of ``variables`` on every rank.
 
-    ``inplace`` is accepted for compatibility: hora always assigns in place.
+    Eager (or inside tf.function): assigns at once, returns None. In a TensorFlow 1 graph:
+    returns the op that does it when a session runs it. ``inplace`` is accepted for
+    compatibility: hora always assigns in place.
     """
     vs = list(variables)
+    if not tf.executing_eagerly() and not tf.inside_function():  # a TensorFlow 1 graph
+        return graph_v1.broadcast_group_op(vs, root_rank, process_set, name="broadcast_variables")
     if not vs:
-        return
+        return None
     broadcast_(vs, root_rank, name="broadcast_variables", process_set=process_set)
+    return None
 
 
-def broadcast_global_variables(root_rank: int) -> None:
-    """TensorFlow 1's global-variable broadcast: not available in eager TensorFlow 2."""
-    if tf.executing_eagerly():
-        raise RuntimeError(
-            "hvd.broadcast_global_variables() does not support eager execution. "
-            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead."
-        )
-    raise RuntimeError(
-        "global variables belong to TensorFlow 1 graphs; "
-        "use hvd.broadcast_variables(variables, root_rank) instead"
-    )
+def broadcast_global_variables(root_rank: int) -> Any:
+    """TensorFlow 1: the op that broadcasts every global variable of the default graph from
+    ``root_rank`` (run it in a session). Eager execution raises ``RuntimeError``."""
+    return graph_v1.broadcast_global_variables(root_rank)
 
 
 def broadcast_object(

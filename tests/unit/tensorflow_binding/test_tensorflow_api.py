@@ -30,6 +30,8 @@ HOROVOD_TF = {
     "reducescatter": "tensor device_dense compression op name process_set ignore_name_scope "
     "prescale_factor postscale_factor",
     "broadcast_variables": "variables root_rank process_set inplace",
+    "broadcast_global_variables": "root_rank",
+    "BroadcastGlobalVariablesHook": "root_rank device",
     "broadcast_object": "obj root_rank session name process_set",
     "allgather_object": "obj session name process_set",
     "DistributedGradientTape": "gradtape device_dense device_sparse compression sparse_as_dense "

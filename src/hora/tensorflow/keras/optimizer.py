@@ -140,15 +140,20 @@ def TensorFlowDistributedOptimizer(  # noqa: N802 - Horovod's name
     process_set: Any = global_process_set,
 ) -> Any:
     """``horovod.tensorflow.DistributedOptimizer``: for a Keras optimizer, the Keras
-    ``DistributedOptimizer``; TensorFlow 1 optimizers (``tf.compat.v1.train``) are not
-    supported (use ``DistributedGradientTape`` or a Keras optimizer)."""
-    if not hasattr(optimizer, "get_config") or isinstance(
-        optimizer, tf.compat.v1.train.Optimizer
-    ):
+    ``DistributedOptimizer``; for a TensorFlow 1 optimizer (``tf.compat.v1.train``),
+    :mod:`hora.tensorflow.optimizer_v1`'s."""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from hora.tensorflow import optimizer_v1
+
+        return optimizer_v1.DistributedOptimizer(
+            optimizer, name, use_locking, device_dense, device_sparse, compression,
+            sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
+            average_aggregated_gradients, num_groups, groups, process_set,
+        )  # fmt: skip
+    if not hasattr(optimizer, "get_config"):
         raise ValueError(
-            f"hora.tensorflow.DistributedOptimizer needs a Keras optimizer, got "
-            f"{type(optimizer).__name__}; TensorFlow 1 optimizers are not supported: use "
-            "hvd.DistributedGradientTape or a tf.keras optimizer"
+            f"hora.tensorflow.DistributedOptimizer needs a Keras optimizer or a "
+            f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}"
         )
     return DistributedOptimizer(
         optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
