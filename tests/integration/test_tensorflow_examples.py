@@ -1,6 +1,7 @@
-"""The TensorFlow examples end to end under ``hora run -np 2``: the GradientTape loop and the
-Keras ``fit`` with Horovod's callbacks must print Horovod's lines and learn the digits (no MNIST
-files here, so they train on scikit-learn's digits); the synthetic benchmark, under hora and
+"""The TensorFlow examples end to end under ``hora run -np 2``: the GradientTape loop, the
+Keras ``fit`` with Horovod's callbacks and the TensorFlow 1 MonitoredTrainingSession must print
+Horovod's lines and learn the digits (no MNIST files here, so they train on scikit-learn's
+digits); the synthetic benchmark, under hora and
 under MultiWorkerMirroredStrategy, must print Horovod's throughput lines."""
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ def test_tensorflow2_keras_mnist_fit_with_callbacks(tmp_path: Path) -> None:
     assert "Epoch 1: finished gradual learning rate warmup to" in out
     assert "[1]<stdout>:Epoch" not in out  # rank 0 alone reports progress
     assert sorted(p.name for p in (tmp_path / "ck").iterdir())[-1] == "checkpoint-4.keras"
+    accuracy = re.search(r"Test accuracy: (\d+\.\d\d)%", out)
+    assert accuracy and float(accuracy.group(1)) >= 90.0, out[-2000:]
+
+
+@pytest.mark.timeout(200)
+def test_tensorflow1_mnist_monitored_session(tmp_path: Path) -> None:
+    """TensorFlow 1 graphs: MonitoredTrainingSession, BroadcastGlobalVariablesHook,
+    DistributedOptimizer over tf.compat.v1's Adam, checkpoints written by rank 0 alone."""
+    ck = tmp_path / "ck"
+    out = hora_run(2, "tensorflow_mnist.py", "--data-dir", str(tmp_path), "--checkpoint-dir",
+                   str(ck), "--steps", "160", timeout=180)  # fmt: skip
+    assert "Dataset: scikit-learn digits" in out
+    assert re.search(r"\[0\]<stdout>:Step #70\tLoss: \d+\.\d{6}", out), out[-2000:]
+    assert "[1]<stdout>:Step" not in out  # rank 0 alone reports progress
+    assert (ck / "model.ckpt-80.index").is_file(), sorted(p.name for p in ck.iterdir())
     accuracy = re.search(r"Test accuracy: (\d+\.\d\d)%", out)
     assert accuracy and float(accuracy.group(1)) >= 90.0, out[-2000:]
 
