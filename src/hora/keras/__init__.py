@@ -1,6 +1,7 @@
 """``import hora.keras as hvd``: Horovod's ``horovod.keras`` on hora, for the ``keras`` package.
 
-The same API as ``hora.tensorflow.keras`` (``DistributedOptimizer``, ``hvd.callbacks``,
+The same API as ``hora.tensorflow.keras`` (``DistributedOptimizer``,
+``PartialDistributedOptimizer``, ``hvd.callbacks``,
 ``load_model``, the Keras-level collectives), bound to ``import keras`` (Keras 3 on TensorFlow)
 instead of ``tf.keras``. Call from the training thread.
 """
@@ -37,7 +38,7 @@ from hora.tensorflow.keras._impl import (
     reducescatter,
 )
 from hora.tensorflow.keras._impl import load_model as _load_model
-from hora.tensorflow.keras.optimizer import DistributedOptimizer
+from hora.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 
 
 def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
@@ -50,7 +51,8 @@ def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any
 
 __all__ = [
     "Adasum", "Average", "elastic", "Compression", "DistributedOptimizer", "Max", "Min",
-    "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_object",
+    "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum", "add_process_set",
+    "allgather", "allgather_object",
     "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks",
     "cross_rank", "cross_size", "global_process_set", "init", "is_initialized", "load_model",
     "local_rank", "local_size", "rank", "reducescatter", "remove_process_set", "shutdown", "size",

@@ -1,11 +1,15 @@
-"""Reducing one step's gradients across ranks, and ``DistributedGradientTape``.
+"""Reducing one step's gradients across ranks, ``DistributedGradientTape`` and
+``PartialDistributedGradientTape``.
 
-``GradientReducer`` is shared by the tape and the Keras ``DistributedOptimizer``: dense
+``GradientReducer`` is shared by the tapes and the Keras ``DistributedOptimizer``: dense
 gradients of a step travel in one grouped allreduce (or ``num_groups``/``groups`` of them), so
 they are negotiated once and fused on the wire; ``tf.IndexedSlices`` are gathered (values and
 indices), or densified first with ``sparse_as_dense=True``; a ``None`` gradient stays None.
 With ``gradient_predivide_factor`` f (Average only) gradients are scaled by 1/f before the sum
-and by f/size after it. Runs in the training thread, eagerly or inside tf.function.
+and by f/size after it. Gradients of variables registered as local (``register_local``) are
+not reduced: they stay this rank's own, divided by the set's size with
+``scale_local_gradients`` (Horovod's default). Runs in the training thread, eagerly or inside
+tf.function.
 """
 
 from __future__ import annotations
@@ -20,6 +24,45 @@ from hora import global_process_set
 from hora.frameworks.ops import Adasum, Average
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.mpi_ops import ProcessSet, allreduce, grouped_allreduce
+
+
+def variable_key(var: Any) -> Any:
+    """A hashable identity for a variable: ``tf.Variable.ref()``, for a Keras 3 variable the
+    ref of the ``tf.Variable`` that holds its value (Keras 3 variables are not hashable)."""
+    if isinstance(var, tf.Variable):
+        return var.ref()
+    inner = getattr(var, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner.ref()
+    ref = getattr(var, "ref", None)
+    return ref() if callable(ref) else id(var)
+
+
+def local_layer_variables(local_layers: Any) -> list[Any]:
+    """The trainable variables of ``local_layers`` (one Keras layer, a list of them or None)."""
+    if local_layers is None:
+        return []
+    layer_types = _layer_types()
+    if isinstance(local_layers, layer_types):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, layer_types) for layer in local_layers):
+        raise ValueError(
+            "All local layers must be of tf.keras.layers.Layer type: pass local_layers= a "
+            "Keras layer or a list of Keras layers (model.layers[i])"
+        )
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
+
+def _layer_types() -> tuple[type, ...]:
+    types: list[type] = [tf.keras.layers.Layer]
+    try:
+        import keras
+
+        types.append(keras.layers.Layer)
+    except ImportError:  # pragma: no cover - Keras 3 ships with TensorFlow 2.16+
+        pass
+    return tuple(types)
 
 
 def _check_groups(num_groups: int, groups: Any) -> None:
@@ -47,6 +90,7 @@ class GradientReducer:
         groups: Any = None,
         process_set: ProcessSet = global_process_set,
         name: str | None = None,
+        scale_local_gradients: bool = True,
     ) -> None:
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -61,6 +105,16 @@ class GradientReducer:
         self.groups = groups
         self.process_set = global_process_set if process_set is None else process_set
         self.name = name
+        self.scale_local_gradients = bool(scale_local_gradients)
+        self.local: set[Any] = set()
+
+    def register_local(self, var: Any) -> None:
+        """Keep ``var``'s gradients on this rank: never reduced (scaled by 1/size with
+        ``scale_local_gradients``)."""
+        self.local.add(variable_key(var))
+
+    def is_local(self, var: Any) -> bool:
+        return bool(self.local) and var is not None and variable_key(var) in self.local
 
     def active(self) -> bool:
         """Reduce only where there is someone to reduce with (or the job is elastic)."""
@@ -70,6 +124,36 @@ class GradientReducer:
         grads = list(grads)
         if not self.active():
             return grads
+        if not self.local or variables is None:
+            return self._reduce(grads, variables)
+        variables = list(variables)
+        mine = [i for i, v in enumerate(variables) if self.is_local(v)]
+        if not mine:
+            return self._reduce(grads, variables)
+        local_positions = set(mine)
+        shared = [i for i in range(len(grads)) if i not in local_positions]
+        out = list(grads)
+        reduced = self._reduce([grads[i] for i in shared], [variables[i] for i in shared])
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if self.scale_local_gradients:
+            n = self._size()
+            for i in mine:
+                out[i] = _divide(grads[i], n)
+        return out
+
+    def _size(self) -> Any:
+        """The set's size: read when the step runs in an elastic job, where it changes."""
+        ps_id = self.process_set.process_set_id
+        if os.environ.get("HOROVOD_ELASTIC") == "1" and ps_id is not None:
+            from hora.tensorflow.mpi_ops import size_op
+
+            return size_op(ps_id)
+        return self.process_set.size()
+
+    def _reduce(self, grads: list[Any], variables: Sequence[Any] | None) -> list[Any]:
+        if not grads:
+            return []
         if self.sparse_as_dense:
             grads = [
                 tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads
@@ -106,10 +190,10 @@ class GradientReducer:
         if self.groups is not None:
             if variables is None:
                 raise ValueError("groups= of variables needs the variables of the gradients")
-            where = {v.ref(): n for n, grp in enumerate(self.groups) for v in grp}
+            where = {variable_key(v): n for n, grp in enumerate(self.groups) for v in grp}
             split: list[list[int]] = [[] for _ in range(len(self.groups) + 1)]
             for i in dense:
-                split[where.get(variables[i].ref(), len(self.groups))].append(i)
+                split[where.get(variable_key(variables[i]), len(self.groups))].append(i)
             return split
         if self.num_groups > 0:
             n = min(self.num_groups, max(len(dense), 1))
@@ -123,10 +207,41 @@ class GradientReducer:
         return [dense]
 
 
+def _divide(grad: Any, n: Any) -> Any:
+    """``grad / n`` in ``grad``'s dtype (IndexedSlices: their values)."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(_divide(grad.values, n), grad.indices, grad.dense_shape)
+    return grad / tf.cast(n, grad.dtype)
+
+
 class _DistributedGradientTape(tf.GradientTape):
-    """A ``tf.GradientTape`` whose ``gradient`` returns gradients reduced over the ranks."""
+    """A ``tf.GradientTape`` whose ``gradient`` returns gradients reduced over the ranks
+    (but those of sources registered with ``register_local_source``)."""
 
     _hora_reducer: GradientReducer
+
+    def register_local_source(self, source: Any) -> None:
+        """Make ``source`` (a variable) worker-local: its gradient is never reduced, only
+        divided by the set's size when the tape was made with ``scale_local_gradients=True``."""
+        self._hora_reducer.register_local(source)
+
+    def get_local_and_global_gradients(
+        self, target: Any, sources: Any, output_gradients: Any = None,
+        unconnected_gradients: Any = tf.UnconnectedGradients.NONE,
+    ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:  # fmt: skip
+        """``gradient()``, split: ``([(source, grad)] of local sources, [(source, grad)] of
+        the others)``, each in the order of ``sources``."""
+        flat_sources = tf.nest.flatten(sources)
+        grads = tf.nest.flatten(
+            self.gradient(target, sources, output_gradients, unconnected_gradients)
+        )
+        local: list[tuple[Any, Any]] = []
+        shared: list[tuple[Any, Any]] = []
+        for s, g in zip(flat_sources, grads):
+            (local if self._hora_reducer.is_local(s) else shared).append((s, g))
+        return local, shared
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:  # fmt: skip
@@ -148,16 +263,19 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     num_groups: int = 0,
     groups: Any = None,
     process_set: ProcessSet = global_process_set,
+    scale_local_gradients: bool = True,
 ) -> tf.GradientTape:
     """Wrap ``gradtape`` so that ``gradient()`` averages (``op``) gradients over the ranks.
 
     The returned tape shares ``gradtape``'s recording; use it as the original would be used.
+    Sources registered with ``tape.register_local_source(var)`` keep their own gradients,
+    divided by the set's size with ``scale_local_gradients`` (the default).
     """
     if op == Adasum and gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     reducer = GradientReducer(
         compression, sparse_as_dense, op, gradient_predivide_factor, num_groups, groups,
-        process_set,
+        process_set, scale_local_gradients=scale_local_gradients,
     )  # fmt: skip
     base = gradtape.__class__
     cls = base if issubclass(base, _DistributedGradientTape) else type(
@@ -167,3 +285,29 @@ def DistributedGradientTape(  # noqa: N802 - Horovod's name
     tape._hora_reducer = reducer
     return tape
 
+
+def PartialDistributedGradientTape(  # noqa: N802 - Horovod's name
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> tf.GradientTape:
+    """``DistributedGradientTape`` whose ``local_layers`` (a Keras layer or a list of them)
+    keep their gradients local: their trainable variables are registered with
+    ``register_local_source``. Without ``local_layers`` it is ``DistributedGradientTape``."""
+    local_vars = local_layer_variables(local_layers)
+    tape = DistributedGradientTape(
+        gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+        gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients,
+    )  # fmt: skip
+    for var in local_vars:
+        tape.register_local_source(var)
+    return tape

@@ -1,6 +1,7 @@
 """``import hora.tensorflow.keras as hvd``: Horovod's ``horovod.tensorflow.keras`` on hora.
 
-The lifecycle and topology calls, ``DistributedOptimizer``, the callbacks (``hvd.callbacks``),
+The lifecycle and topology calls, ``DistributedOptimizer``,
+``PartialDistributedOptimizer``, the callbacks (``hvd.callbacks``),
 ``load_model``, and Keras-level ``allreduce``/``allgather``/``broadcast``/``reducescatter`` that
 take and return values (NumPy). Works with whatever ``tf.keras`` is: Keras 3 by default, tf_keras
 with ``TF_USE_LEGACY_KERAS=1``. Call from the training thread.
@@ -40,7 +41,7 @@ from hora.tensorflow.keras._impl import (
     reducescatter,
 )
 from hora.tensorflow.keras._impl import load_model as _load_model
-from hora.tensorflow.keras.optimizer import DistributedOptimizer
+from hora.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 
 
 def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
@@ -51,7 +52,8 @@ def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any
 
 __all__ = [
     "Adasum", "Average", "elastic", "Compression", "DistributedOptimizer", "Max", "Min",
-    "ProcessSet", "Product", "Sum", "add_process_set", "allgather", "allgather_object",
+    "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum", "add_process_set",
+    "allgather", "allgather_object",
     "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks",
     "cross_rank", "cross_size", "global_process_set", "init", "is_initialized", "load_model",
     "local_rank", "local_size", "rank", "reducescatter", "remove_process_set", "shutdown", "size",

@@ -18,7 +18,7 @@ from hora.frameworks import ops
 from hora.frameworks.ops import Average
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import broadcast_variables
-from hora.tensorflow.gradients import GradientReducer
+from hora.tensorflow.gradients import GradientReducer, variable_key
 from hora.tensorflow.keras.optimizer import make_distributed
 
 
@@ -89,25 +89,48 @@ def _optimizer_variables(opt: Any) -> list[Any]:
     return list(vs() if callable(vs) else vs)
 
 
+def _is_variable(var: Any) -> bool:
+    """A ``tf.Variable`` or a Keras 3 variable (whose value is a ``tf.Variable``)."""
+    return isinstance(var, tf.Variable) or isinstance(getattr(var, "value", None), tf.Variable)
+
+
 class BroadcastGlobalVariablesCallbackImpl:
     """Make every rank start from ``root_rank``'s weights and optimizer state.
 
     Broadcasts the model's and the optimizer's variables when training begins and once more
-    after the first batch (optimizers that create their slots on the first update).
+    after the first batch (optimizers that create their slots on the first update). The
+    model variables in ``local_variables`` (a variable or a list of them) are not broadcast:
+    each rank keeps its own (the optimizer's state is broadcast whole, as in Horovod).
     """
 
     model: Any
 
-    def __init__(self, root_rank: int, device: str = "") -> None:
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
+        self._local_vars: set[Any] = set()
+        if local_variables is None:
+            local_variables = []
+        elif _is_variable(local_variables):
+            local_variables = [local_variables]
+        local_variables = list(local_variables)
+        if not all(_is_variable(v) for v in local_variables):
+            raise ValueError(
+                "All local variables must be of tf.Variable type: pass local_variables= a "
+                "variable or a list of variables (e.g. model.layers[0].variables)"
+            )
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var`` out of the broadcast: every rank keeps its own value."""
+        self._local_vars.add(variable_key(var))
 
     def _broadcast(self) -> None:
-        variables = list(self.model.variables) + _optimizer_variables(
-            getattr(self.model, "optimizer", None)
-        )
+        model_vars = [v for v in self.model.variables if variable_key(v) not in self._local_vars]
+        variables = model_vars + _optimizer_variables(getattr(self.model, "optimizer", None))
         broadcast_variables(variables, self.root_rank)
 
     def on_train_begin(self, logs: Any = None) -> None:
