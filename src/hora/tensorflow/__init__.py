@@ -53,7 +53,7 @@ from hora.tensorflow.functions import (
     broadcast_object_fn,
     broadcast_variables,
 )
-from hora.tensorflow.gradients import DistributedGradientTape
+from hora.tensorflow.gradients import DistributedGradientTape, PartialDistributedGradientTape
 from hora.tensorflow.graph_v1 import BroadcastGlobalVariablesHook
 from hora.tensorflow.keras.optimizer import (
     TensorFlowDistributedOptimizer as DistributedOptimizer,
@@ -86,7 +86,7 @@ from hora.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "elastic", "Compression",
-    "DistributedGradientTape",
+    "DistributedGradientTape", "PartialDistributedGradientTape",
     "DistributedOptimizer", "HoraInternalError", "HorovodInternalError", "HostsUpdatedInterrupt",
     "Max", "Min", "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
