@@ -35,22 +35,28 @@ HOROVOD_TF = {
     "broadcast_object": "obj root_rank session name process_set",
     "allgather_object": "obj session name process_set",
     "DistributedGradientTape": "gradtape device_dense device_sparse compression sparse_as_dense "
-    "op gradient_predivide_factor num_groups groups process_set",
+    "op gradient_predivide_factor num_groups groups process_set scale_local_gradients",
+    "PartialDistributedGradientTape": "gradtape device_dense device_sparse compression "
+    "sparse_as_dense op gradient_predivide_factor num_groups groups process_set local_layers "
+    "scale_local_gradients",
     "DistributedOptimizer": "optimizer name use_locking device_dense device_sparse compression "
     "sparse_as_dense backward_passes_per_step op gradient_predivide_factor "
-    "average_aggregated_gradients num_groups groups process_set",
+    "average_aggregated_gradients num_groups groups process_set scale_local_gradients",
 }
 HOROVOD_KERAS = {
     "DistributedOptimizer": "optimizer name device_dense device_sparse compression "
     "sparse_as_dense gradient_predivide_factor op backward_passes_per_step "
-    "average_aggregated_gradients num_groups groups process_set",
+    "average_aggregated_gradients num_groups groups process_set scale_local_gradients",
+    "PartialDistributedOptimizer": "optimizer name device_dense device_sparse compression "
+    "sparse_as_dense gradient_predivide_factor op groups process_set local_layers "
+    "scale_local_gradients",
     "load_model": "filepath custom_optimizers custom_objects compression",
     "allreduce": "value name average prescale_factor postscale_factor op compression",
     "allgather": "value name",
     "broadcast": "value root_rank name",
 }
 HOROVOD_CALLBACKS = {
-    "BroadcastGlobalVariablesCallback": "root_rank device",
+    "BroadcastGlobalVariablesCallback": "root_rank device local_variables",
     "MetricAverageCallback": "device",
     "LearningRateScheduleCallback": "initial_lr multiplier start_epoch end_epoch staircase "
     "momentum_correction steps_per_epoch",
