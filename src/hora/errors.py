@@ -23,6 +23,17 @@ class HoraInternalError(HoraError, RuntimeError):
 HorovodInternalError = HoraInternalError
 
 
+class MismatchError(HoraInternalError):
+    """The ranks submitted one op (by name) with different arguments: dtype, shape, reduction,
+    root rank, scale factors, grouping or process set. Raised on every rank involved, with a
+    message naming both sides (TensorFlow bindings raise it as ``FailedPreconditionError``)."""
+
+
+class ShutDownError(HoraInternalError):
+    """hora was shut down, or its engine stopped, while the op was pending (TensorFlow
+    bindings raise it as ``AbortedError``)."""
+
+
 class HostsUpdatedInterrupt(HoraError, RuntimeError):
     """Elastic: the set of hosts changed; ``skip_sync`` is True when hosts were only removed."""
 
@@ -91,6 +102,8 @@ __all__ = [
     "HoraInternalError",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
+    "MismatchError",
+    "ShutDownError",
     "HoraVersionMismatchError",
     "HorovodVersionMismatchError",
     "NotSupportedError",

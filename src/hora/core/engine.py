@@ -42,7 +42,7 @@ from hora.core.messages import (
     encode,
 )
 from hora.core.stall import StallInspector
-from hora.errors import HoraInternalError, TransportError
+from hora.errors import HoraInternalError, MismatchError, TransportError
 from hora.settings import Settings
 from hora.transport.base import CONTROL, Pair, Transport
 
@@ -462,7 +462,7 @@ class Engine(DirectRounds):
             for k in keys:
                 entry = ms.table.pop(k, None)
                 if entry is not None:
-                    entry.fail(HoraInternalError(resp.error))
+                    entry.fail(MismatchError(resp.error))
         elif op in (OpType.ALLREDUCE, OpType.ADASUM):
             # Entries stay in the table until done: if the backend raises, the failure path
             # fails them with everything else instead of leaving their handles waiting.

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hora.errors import DUPLICATE_NAME_MESSAGE, HoraInternalError
+from hora.errors import DUPLICATE_NAME_MESSAGE, ShutDownError
 
 _counter = itertools.count()
 
@@ -174,10 +174,10 @@ class NamesInFlight:
 in_flight = NamesInFlight()
 
 
-def shut_down_error(cause: str = "", during: str = "") -> HoraInternalError:
+def shut_down_error(cause: str = "", during: str = "") -> ShutDownError:
     """Horovod's shutdown message (scripts match it), then the first cause and the op the
     caller was in, each on a line of its own when known."""
     from hora.errors import SHUT_DOWN_MESSAGE
 
     text = SHUT_DOWN_MESSAGE + (f"\nCause: {cause}" if cause else "")
-    return HoraInternalError(text + (f"\nThe caller was in: {during}" if during else ""))
+    return ShutDownError(text + (f"\nThe caller was in: {during}" if during else ""))

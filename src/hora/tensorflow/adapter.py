@@ -1,29 +1,40 @@
-"""TensorFlow tensors in and out of the op surface: one bridge for eager mode and tf.function.
+"""TensorFlow tensors in and out of the op surface: one bridge for eager mode and both graphs.
 
-In eager mode a collective calls the op surface directly on the tensors' NumPy values, so its
-errors keep their Python types (``ValueError``, ``HorovodInternalError``). Inside
-``tf.function`` it is one ``tf.numpy_function`` node, marked stateful, that calls the op surface
-when the graph runs (an error there surfaces as TensorFlow's ``UnknownError`` carrying hora's
-message).
-Inputs reach the op surface as NumPy views of the tensors' CPU buffers (no copy; hora only reads
-them); in eager mode results become tensors through DLPack (no copy either), in a graph
-``numpy_function`` copies them into TensorFlow's buffers. Being stateful,
-the nodes of one graph run in program order (TensorFlow's automatic control dependencies), so
-every rank submits its collectives in the same order and unnamed ops get the same names.
+``bridge(fn, inputs, ...)`` runs ``fn(name, *arrays) -> arrays`` (a blocking call into
+``hora.frameworks.ops``) as one collective, in the way that cannot deadlock in each mode:
 
-``bridge`` runs in the caller's thread (eager) or in a TensorFlow executor thread (graph); the
-wrapped function blocks that thread until the collective is done. Thread-safe.
+- **Eager**: called at once in the caller's thread on NumPy views of the tensors (no copy);
+  results become tensors through DLPack (no copy either).
+- **tf.function**: one stateful ``tf.numpy_function`` node. TensorFlow's automatic control
+  dependencies run a function's stateful nodes in program order, so every rank blocks in its
+  collectives in the same order.
+- **TensorFlow 1 graphs** (``tf.compat.v1`` sessions): nothing orders independent nodes there,
+  and a node that blocked an executor thread until its peers arrive could wait forever for a
+  peer whose threads are all blocked in other collectives. So the collective is split: a
+  *submit* node copies the inputs into the node's mailbox and returns at once; the blocking call
+  runs in the node's own ``tf.data`` reader thread (``IteratorGetNext`` waits without holding an
+  executor thread); a *check* node raises the collective's error, or a result that belongs to an
+  earlier, cancelled ``session.run``. Any number of independent collectives, in any order, with
+  any size of inter-op thread pool, complete. (Inside TF1's own ``while_loop``/``cond`` a
+  reader cannot be built; there the blocking form is used.)
+
+Unnamed collectives in a graph are named after their graph node, as Horovod does, so the ranks
+pair them by what they are, never by the order an executor happened to run them in; eager ones
+take hora's per-process-set counter. Failures arrive as TensorFlow's error classes
+(``hora.tensorflow.errors``). Thread-safe.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from hora.errors import HoraInternalError
+from hora.tensorflow.errors import error_code, graph_message, make, raise_code, translated
 
 SUPPORTED = frozenset(
     {
@@ -41,6 +52,8 @@ SUPPORTED = frozenset(
     }
 )
 
+Collective = Callable[..., Sequence[np.ndarray]]  # fn(name, *arrays) -> one array per output
+
 
 def as_tensor(value: Any, what: str = "tensor") -> tf.Tensor:
     """``value`` (a tensor, variable, array or number) as a dense tensor of a wire dtype."""
@@ -53,36 +66,144 @@ def as_tensor(value: Any, what: str = "tensor") -> tf.Tensor:
 
 
 def bridge(
-    fn: Callable[..., Any],
+    fn: Collective,
     inputs: Sequence[tf.Tensor],
     tout: Sequence[tf.DType],
     shapes: Sequence[Any],
     what: str,
+    name: str | None = None,
+    local: bool = False,
 ) -> list[tf.Tensor]:
-    """Run ``fn(*arrays) -> arrays`` as one TensorFlow op; outputs get ``shapes`` (None: unknown).
+    """Run ``fn(name, *arrays)`` as one collective; outputs get ``shapes`` (None: unknown).
 
-    ``fn`` returns one array per entry of ``tout``, each of that dtype.
+    ``name`` is the op's name as the user gave it; None lets the mode pick one (see above).
+    ``local``: ``fn`` never waits for other ranks (a rank or size query), so one plain node.
     """
-
-    def call(*arrays: np.ndarray) -> list[np.ndarray]:
-        try:
-            outs = fn(*arrays)
-        except HoraInternalError:
-            raise
-        except RuntimeError as e:  # a failed collective: Horovod's error type
-            raise HoraInternalError(str(e)) from e
-        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, tout)]
-
     if tf.executing_eagerly():  # np.asarray views the tensor's buffer (.numpy() copies)
-        results = call(*[np.asarray(t) for t in inputs])
+        results = _run(fn, name, [np.asarray(t) for t in inputs], tout)
         return [to_tensor(o, d) for o, d in zip(results, tout)]
-
-    outs = tf.numpy_function(call, list(inputs), list(tout), stateful=True, name=f"Hora{what}")
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    graph = tf.compat.v1.get_default_graph()
+    if local or getattr(graph, "building_function", False) or _in_v1_control_flow(graph):
+        outs = _blocking_node(fn, inputs, tout, what, name)
+    else:
+        outs = _split_nodes(fn, inputs, tout, what, name)
     for o, s in zip(outs, shapes):
         if s is not None:
             o.set_shape(s)
     return outs
+
+
+def _run(
+    fn: Collective, name: str | None, arrays: Sequence[np.ndarray], tout: Sequence[tf.DType],
+    in_graph: bool = False,
+) -> list[np.ndarray]:  # fmt: skip
+    """Call the collective; its failure is raised as TensorFlow's error class for it (inside a
+    graph with the message marked for elastic training)."""
+    try:
+        outs = fn(name, *arrays)
+    except Exception as e:
+        t = translated(e)
+        if t is e:
+            raise
+        raise (make(error_code(e), graph_message(e)) if in_graph else t) from e
+    return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, tout)]
+
+
+def _in_v1_control_flow(graph: tf.Graph) -> bool:
+    get = getattr(graph, "_get_control_flow_context", None)
+    return get is not None and get() is not None
+
+
+def _blocking_node(
+    fn: Collective, inputs: Sequence[tf.Tensor], tout: Sequence[tf.DType], what: str,
+    name: str | None,
+) -> list[tf.Tensor]:  # fmt: skip
+    node: list[str] = []  # the node's name, known once the node exists
+
+    def call(*arrays: np.ndarray) -> list[np.ndarray]:
+        return _run(fn, name or node[0], arrays, tout, in_graph=True)
+
+    outs = tf.numpy_function(call, list(inputs), list(tout), stateful=True, name=f"Hora{what}")
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    node.append(outs[0].op.name)
+    return outs
+
+
+class _Mailbox:
+    """One TF1 node's hand-over from its submit op (an executor thread) to its reader (a
+    ``tf.data`` thread). Holds the newest submission: one left by a cancelled run is replaced,
+    and the check op catches a result that was already under way for it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._item: tuple[int, list[np.ndarray]] | None = None
+
+    def put(self, ticket: int, arrays: list[np.ndarray]) -> None:
+        with self._cond:
+            self._item = (ticket, arrays)
+            self._cond.notify()
+
+    def take(self) -> tuple[int, list[np.ndarray]]:
+        with self._cond:
+            while self._item is None:
+                self._cond.wait()
+            item, self._item = self._item, None
+            return item
+
+
+_tickets = itertools.count(1)
+_READER_OPTIONS = tf.data.Options()
+_READER_OPTIONS.experimental_optimization.apply_default_optimizations = False
+_READER_OPTIONS.autotune.enabled = False
+
+
+def _split_nodes(
+    fn: Collective, inputs: Sequence[tf.Tensor], tout: Sequence[tf.DType], what: str,
+    name: str | None,
+) -> list[tf.Tensor]:  # fmt: skip
+    box = _Mailbox()
+    node: list[str] = []
+
+    def submit(*arrays: np.ndarray) -> np.ndarray:
+        ticket = next(_tickets)
+        box.put(ticket, [np.array(a, copy=True) for a in arrays])  # TF frees its buffers
+        return np.int64(ticket)
+
+    def reader() -> Any:
+        while True:  # never raises: a failure travels as (code, message) to the check op
+            ticket, arrays = box.take()
+            try:
+                outs: list[np.ndarray] = _run(fn, name or node[0], arrays, tout)
+                code, message = 0, b""
+            except Exception as e:
+                outs = [np.zeros([0], d.as_numpy_dtype) for d in tout]
+                code, message = error_code(e), graph_message(e).encode()
+            yield (np.int64(ticket), np.int32(code), message, *outs)
+
+    ticket = tf.numpy_function(submit, list(inputs), tf.int64, stateful=True, name=f"Hora{what}")
+    node.append(ticket.op.name)
+    spec = (tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.string),
+            *[tf.TensorSpec(None, d) for d in tout])  # fmt: skip
+    with tf.control_dependencies([ticket]):
+        dataset = tf.data.Dataset.from_generator(reader, output_signature=spec)
+        got = tf.compat.v1.data.make_one_shot_iterator(dataset.with_options(_READER_OPTIONS))
+        got_ticket, code, message, *outs = got.get_next(name=f"{ticket.op.name}_result")
+
+    def check(sent: np.int64, received: np.int64, code: np.int32, message: bytes) -> np.int64:
+        if code:
+            raise_code(int(code), message.decode(errors="replace"))
+        if sent != received:
+            raise_code(
+                error_code(None),
+                f"{what} {node[0]!r}: the result that arrived belongs to an earlier "
+                "session.run that was cancelled; run the step again",
+            )
+        return np.int64(0)
+
+    ok = tf.numpy_function(check, [ticket, got_ticket, code, message], tf.int64, stateful=True,
+                           name=f"{ticket.op.name}_check")  # fmt: skip
+    with tf.control_dependencies([ok]):
+        return [tf.identity(o) for o in outs]
 
 
 ALIGN = 64  # bytes: the alignment TensorFlow's CPU kernels check

@@ -67,47 +67,47 @@ def _allreduce_raw(
 ) -> list[tf.Tensor]:
     grouped = len(ts) > 1
 
-    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        kw = dict(name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
+    def fn(nm: str | None, *arrays: np.ndarray) -> list[np.ndarray]:
+        kw = dict(name=nm, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
         outs = [aligned_empty(a) for a in arrays]  # the engine writes the results here
         if grouped:
             return list(ops.grouped_allreduce(list(arrays), outputs=outs, **kw))
         return [ops.allreduce(arrays[0], output=outs[0], **kw)]
 
     what = "GroupedAllreduce" if grouped else "Allreduce"
-    return bridge(fn, ts, [t.dtype for t in ts], [t.shape for t in ts], what)
+    return bridge(fn, ts, [t.dtype for t in ts], [t.shape for t in ts], what, name)
 
 
 def _allgather_raw(ts: list[tf.Tensor], name: str | None, ps: ProcessSet) -> list[tf.Tensor]:
     grouped = len(ts) > 1
 
-    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+    def fn(nm: str | None, *arrays: np.ndarray) -> list[np.ndarray]:
         if grouped:
-            return list(ops.grouped_allgather(list(arrays), name=name, process_set=ps))
-        return [ops.allgather(arrays[0], name=name, process_set=ps)]
+            return list(ops.grouped_allgather(list(arrays), name=nm, process_set=ps))
+        return [ops.allgather(arrays[0], name=nm, process_set=ps)]
 
     shapes = [rows_unknown(t.shape) for t in ts]
-    return bridge(fn, ts, [t.dtype for t in ts], shapes, "Allgather")
+    return bridge(fn, ts, [t.dtype for t in ts], shapes, "Allgather", name)
 
 
 def _broadcast_raw(t: tf.Tensor, root: int, name: str | None, ps: ProcessSet) -> tf.Tensor:
-    def fn(a: np.ndarray) -> list[np.ndarray]:
-        return [ops.broadcast(a, root, name=name, process_set=ps, output=aligned_empty(a))]
+    def fn(nm: str | None, a: np.ndarray) -> list[np.ndarray]:
+        return [ops.broadcast(a, root, name=nm, process_set=ps, output=aligned_empty(a))]
 
-    return bridge(fn, [t], [t.dtype], [t.shape], "Broadcast")[0]
+    return bridge(fn, [t], [t.dtype], [t.shape], "Broadcast", name)[0]
 
 
 def _alltoall_raw(
     t: tf.Tensor, splits: tf.Tensor | None, name: str | None, ps: ProcessSet
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    def fn(a: np.ndarray, *sp: np.ndarray) -> list[np.ndarray]:
-        handle = ops.alltoall_async(a, sp[0] if sp else None, name=name, process_set=ps)
+    def fn(nm: str | None, a: np.ndarray, *sp: np.ndarray) -> list[np.ndarray]:
+        handle = ops.alltoall_async(a, sp[0] if sp else None, name=nm, process_set=ps)
         out, received = ops.synchronize(handle)  # the pair, with or without splits
         return [out, np.asarray(received, dtype=np.int32)]
 
     inputs = [t] if splits is None else [t, splits]
     shapes = [rows_unknown(t.shape), tf.TensorShape([_ps(ps).size()])]
-    out, received = bridge(fn, inputs, [t.dtype, tf.int32], shapes, "Alltoall")
+    out, received = bridge(fn, inputs, [t.dtype, tf.int32], shapes, "Alltoall", name)
     return out, received
 
 
@@ -116,14 +116,14 @@ def _reducescatter_raw(
 ) -> list[tf.Tensor]:
     grouped = len(ts) > 1
 
-    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        kw = dict(name=name, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
+    def fn(nm: str | None, *arrays: np.ndarray) -> list[np.ndarray]:
+        kw = dict(name=nm, op=op, prescale_factor=pre, postscale_factor=post, process_set=ps)
         if grouped:
             return list(ops.grouped_reducescatter(list(arrays), **kw))
         return [ops.reducescatter(arrays[0], **kw)]
 
     shapes = [rows_unknown(t.shape) for t in ts]
-    return bridge(fn, ts, [t.dtype for t in ts], shapes, "Reducescatter")
+    return bridge(fn, ts, [t.dtype for t in ts], shapes, "Reducescatter", name)
 
 
 # -- differentiable forms ------------------------------------------------------------------
@@ -146,14 +146,13 @@ def _allreduce_diff(
     return list(f(*ts))
 
 
-def _my_offset(rows: tf.Tensor, name: str | None, ps: ProcessSet) -> tf.Tensor:
-    """The number of rows the lower ranks of the set gave to an allgather."""
-    counts = _allgather_raw(
-        [tf.reshape(tf.cast(rows, tf.int64), [1])],
-        None if name is None else f"{name}.grad_rows",
-        ps,
-    )[0]
-    return tf.reduce_sum(counts[: _ps(ps).rank()])
+def _offsets(xs: Sequence[tf.Tensor], name: str | None, ps: ProcessSet) -> tf.Tensor:
+    """Where this rank's rows start in each of the allgathers of ``xs``: the rows the lower
+    ranks of the set gave, for all tensors in one collective."""
+    rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] if x.shape.rank != 0
+                     else tf.constant(1, tf.int64) for x in xs])  # fmt: skip
+    counts = _allgather_raw([tf.reshape(rows, [1, len(xs)])], name, ps)[0]
+    return tf.reduce_sum(counts[: _ps(ps).rank()], axis=0)
 
 
 def _allgather_diff(ts: list[tf.Tensor], name: str | None, ps: ProcessSet) -> list[tf.Tensor]:
@@ -167,13 +166,12 @@ def _allgather_diff(ts: list[tf.Tensor], name: str | None, ps: ProcessSet) -> li
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             dys_ = [tf.convert_to_tensor(d) for d in dys]
             reduced = _allreduce_diff(dys_, _grad_name(name), Average, 1.0, 1.0, ps)
+            starts = _offsets(xs, None if name is None else f"{name}.grad_rows", ps)
             out = []
             for i, (x, g) in enumerate(zip(xs, reduced)):
                 shape = tf.shape(x)
-                rows = shape[0] if x.shape.rank != 0 else tf.constant(1)
-                nm = None if name is None else f"{name}.{i}"
-                offset = _my_offset(rows, nm, ps)
-                out.append(tf.reshape(g[offset : offset + tf.cast(rows, tf.int64)], shape))
+                rows = tf.cast(shape[0] if x.shape.rank != 0 else tf.constant(1), tf.int64)
+                out.append(tf.reshape(g[starts[i] : starts[i] + rows], shape))
             return out
 
         return ys, grad
@@ -397,16 +395,15 @@ def _broadcast_group(
     ts: list[tf.Tensor], root: int, name: str | None, ps: ProcessSet
 ) -> list[tf.Tensor]:
     """Broadcast several tensors in one bridge call (their ops submitted together)."""
-    base = name or "broadcast_group"
-
-    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+    def fn(nm: str | None, *arrays: np.ndarray) -> list[np.ndarray]:
+        base = nm or "broadcast_group"
         handles = [
             ops.broadcast_async(a, root, name=f"{base}.{i}", process_set=ps)
             for i, a in enumerate(arrays)
         ]
         return [ops.synchronize(h) for h in handles]
 
-    return bridge(fn, ts, [t.dtype for t in ts], [t.shape for t in ts], "BroadcastGroup")
+    return bridge(fn, ts, [t.dtype for t in ts], [t.shape for t in ts], "BroadcastGroup", name)
 
 
 def alltoall(
@@ -471,7 +468,7 @@ def grouped_reducescatter(
 def join(process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Say this rank has no more data; an int32 scalar: the rank that joined last."""
 
-    def fn() -> list[np.ndarray]:
+    def fn(nm: str | None) -> list[np.ndarray]:
         return [np.asarray(ops.join(process_set), dtype=np.int32)]
 
     return bridge(fn, [], [tf.int32], [tf.TensorShape([])], "Join")[0]
@@ -483,7 +480,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
         ops.barrier(process_set)
         return
 
-    def fn() -> list[np.ndarray]:
+    def fn(nm: str | None) -> list[np.ndarray]:
         ops.barrier(process_set)
         return [np.zeros((), np.int32)]
 
@@ -491,10 +488,10 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 
 def _scalar_op(value: Any, what: str, name: str | None) -> tf.Tensor:
-    def fn() -> list[np.ndarray]:
+    def fn(nm: str | None) -> list[np.ndarray]:
         return [np.asarray(value(), dtype=np.int32)]
 
-    return bridge(fn, [], [tf.int32], [tf.TensorShape([])], name or what)[0]
+    return bridge(fn, [], [tf.int32], [tf.TensorShape([])], what, name, local=True)[0]
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
