@@ -265,6 +265,16 @@ KNOBS: tuple[Knob, ...] = (
         "hide_timestamp",
     ),
     Knob(
+        "tf_logs",
+        bool,
+        False,
+        "TF_LOGS",
+        "Show TensorFlow's own logs in the workers' output. Off (default): the launcher drops "
+        "TensorFlow's start-up notes from each worker's stderr and gives workers "
+        "TF_CPP_MIN_LOG_LEVEL=1 unless it is set (INFO hidden; warnings and errors kept).",
+        "--tf-logs",
+    ),
+    Knob(
         "controller",
         str,
         "",

@@ -212,6 +212,7 @@ class Settings:
     stall_shutdown_time_seconds: float = 0.0
     log_level: str = "WARNING"
     log_hide_time: bool = False
+    tf_logs: bool = False
     controller: str = ""
     cpu_operations: str = ""
     gpu_operations: str = ""

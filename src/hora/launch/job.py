@@ -181,6 +181,7 @@ class Job:
             exits=self._exits,
             timestamp=cfg.prefix_timestamp,
             output_dir=output_dir,
+            quiet=not cfg.settings.tf_logs,
         )
         self.workers.append(worker)
         return worker

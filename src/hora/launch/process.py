@@ -9,7 +9,8 @@ SIGKILL after a grace period. Locally the wrapper is started with ``/bin/sh -c``
 runs it, and the same end-of-file travels over the ssh channel, so no tty is needed.
 
 Output lines are split on ``\\n`` and ``\\r`` and prefixed ``[<rank>]<stdout>:`` or
-``[<rank>]<stderr>:`` (optionally after a timestamp) by :class:`LinePrefixer`.
+``[<rank>]<stderr>:`` (optionally after a timestamp) by :class:`LinePrefixer`; with ``quiet``,
+TensorFlow's start-up notes are left out of stderr (:mod:`hora.launch.quiet`).
 
 Threads: :class:`Worker` starts two pump threads (stdout, stderr) and one waiter thread per
 worker; the console sink is shared and guarded by a lock. ``stop()`` may be called from any
@@ -29,6 +30,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from io import TextIOBase
 from typing import IO, Any, BinaryIO, TextIO
+
+from hora.launch.quiet import StartupNotes
 
 TIMESTAMP_FORMAT = "%a %b %d %H:%M:%S %Y"
 
@@ -75,7 +78,14 @@ class LinePrefixer:
     ``close`` writes any unterminated rest. Used by one pump thread; not thread-safe itself.
     """
 
-    def __init__(self, prefix: bytes, write: Callable[[bytes], None], timestamp: bool = False):
+    def __init__(
+        self,
+        prefix: bytes,
+        write: Callable[[bytes], None],
+        timestamp: bool = False,
+        drop: Callable[[bytes], bool] | None = None,
+    ):
+        self._drop = drop  # lines it says yes to are not written
         self._prefix = prefix
         self._write = write
         self._timestamp = timestamp
@@ -83,6 +93,8 @@ class LinePrefixer:
         self._after_cr = False
 
     def _emit(self, line: bytes) -> None:
+        if self._drop is not None and self._drop(line):
+            return
         head = self._prefix
         if self._timestamp:
             head = time.strftime(TIMESTAMP_FORMAT).encode() + head
@@ -156,8 +168,10 @@ class Worker:
         prefix: bool = True,
         timestamp: bool = False,
         output_dir: str | None = None,
+        quiet: bool = False,
     ):
         self.label = label
+        self._quiet = quiet
         self._stdin_data = stdin_data
         self._exits = exits
         self.proc = subprocess.Popen(
@@ -205,7 +219,8 @@ class Worker:
 
         if prefix:
             tag = f"[{self.label}]<{name}>:".encode()
-            cutter: LinePrefixer | None = LinePrefixer(tag, write_console, timestamp)
+            drop = StartupNotes().drop if self._quiet and name == "stderr" else None
+            cutter: LinePrefixer | None = LinePrefixer(tag, write_console, timestamp, drop)
         else:
             cutter = None
 

@@ -1,5 +1,6 @@
 """The environment each worker gets: the launcher's own (minus Horovod's exclusions), the
-tunables, the rank's identity, the rendezvous address and the backend choice.
+tunables, the rank's identity, the rendezvous address and the backend choice, plus
+``TF_CPP_MIN_LOG_LEVEL=1`` where it is not set and the ``tf_logs`` knob is off.
 
 The secret is never part of it: :mod:`hora.launch.process` hands it over on the worker's stdin.
 Pure functions, run by the launcher's main thread; thread-safe.
@@ -11,6 +12,7 @@ import re
 from collections.abc import Mapping
 
 from hora.launch.hosts import SlotInfo
+from hora.launch.quiet import worker_env_defaults
 from hora.settings import Settings, to_env
 
 # Never exported to workers (Horovod's rules, plus the job secret under every name).
@@ -47,6 +49,8 @@ def job_env(
     """Variables common to every worker of a job (everything but identity and address)."""
     env = exportable(base)
     env.update(to_env(settings))
+    for name, value in worker_env_defaults(settings.tf_logs).items():
+        env.setdefault(name, value)  # TensorFlow's INFO lines hidden unless tf_logs
     if backend in ("gloo", "mpi"):
         for prefix in ("HORA_", "HOROVOD_"):
             env[prefix + "CONTROLLER"] = backend
