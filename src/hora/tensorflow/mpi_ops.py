@@ -233,8 +233,9 @@ def _reducescatter_diff(
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             gs = [tf.convert_to_tensor(d) for d in dys]
-            if op == Sum:
-                gs = [g * tf.cast(_ps(ps).size(), g.dtype) for g in gs]
+            scale = pre * post * (_ps(ps).size() if op == Sum else 1)  # Horovod's rule
+            if scale != 1.0:
+                gs = [g * tf.cast(scale, g.dtype) for g in gs]
             return [
                 tf.reshape(_allgather_diff([g], _grad_name(name), ps)[0], tf.shape(x))
                 for g, x in zip(gs, xs)
