@@ -36,6 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from hora.elastic.run import synced_key
 from hora.errors import LaunchError
 from hora.launch.config import ElasticOptions, LaunchConfig
 from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks, parse_hosts
@@ -64,7 +65,9 @@ class _Member:
     rank: int = -1  # in the newest round it belongs to
     code: int | None = None  # exit code once it exited
     leaving: bool = False  # its host left the job: it exits at the next re-formation
+    retiring: float | None = None  # since when its host is gone while it holds the only state
     stop_at: float = math.inf  # when a leaving worker that did not exit is stopped
+    stranded: bool = False  # stopped waiting for a round that could not form (job finishing)
 
 
 def cooldown(bounds: tuple[int, int], failures: int, jitter: float | None = None) -> float:
@@ -122,6 +125,7 @@ class ElasticJob(Job):
         self._resets = 0
         self._updates = 0
         self._announced = -1  # the round whose joiners the workers were told about
+        self._holders: set[str] = set()  # workers known to hold the committed state
 
     # -- hosts --------------------------------------------------------------------------------
     def _wait_for_hosts(self, np: int) -> list[HostSlots]:
@@ -185,6 +189,7 @@ class ElasticJob(Job):
             self._store = store
             started = [self._start(slot) for slot in self.slots]
             self._form(0, started)
+            self._holders = {m.id for m in started}  # one start state, synced from rank 0
             try:
                 return self._watch()
             except LaunchError as e:
@@ -252,6 +257,7 @@ class ElasticJob(Job):
             active = [m for m in live if not m.leaving]
             if not live:
                 return self._result()
+            nxt = self._round + 1
             if self._finishing():
                 # a worker of the job finished its training (Horovod: any success stops the
                 # job): workers not yet in it are not taken in any more
@@ -259,9 +265,12 @@ class ElasticJob(Job):
                     if m.id not in self._current:
                         self._leave(m)
                         m.worker.stop()
+                self._stop_stranded(nxt)
                 time.sleep(_POLL)
                 continue
-            nxt = self._round + 1
+            self._note_holders(active)
+            self._hand_over(active, now)
+            active = [m for m in active if not m.leaving]
             ready = [m for m in active if self._store.check([rdv.ready_key(nxt, m.id)])]
             if not ready:
                 pending_since = None
@@ -294,6 +303,89 @@ class ElasticJob(Job):
             m.code == 0 and m.id in self._current and not m.leaving for m in self.members
         )
 
+    def _stop_stranded(self, nxt: int) -> None:
+        """The job is finishing: a worker of the round that asks for the next one waits for a
+        round that is never formed. Once no member of the round trains any more, such workers
+        are stopped at once (Horovod ends the job when every worker has finished, failed or
+        asked to re-form), instead of after --elastic-timeout; each counts as failed."""
+        live = [m for m in self.members if m.code is None and m.id in self._current]
+        live = [m for m in live if not m.leaving]
+        waiting = [m for m in live if self._store.check([rdv.ready_key(nxt, m.id)])]
+        if not waiting or len(waiting) < len(live):
+            return
+        done = [m.id for m in self.members if m.code == 0 and m.id in self._current]
+        for m in waiting:
+            log.warning(
+                "elastic: worker %d (%s) asks to re-form, but %s finished the training; "
+                "stopping it",
+                m.label,
+                m.id,
+                ", ".join(done),
+            )
+            m.stranded = True
+            m.worker.stop()
+
+    def _note_holders(self, active: list[_Member]) -> None:
+        """Workers of the round that synced the state since they joined now hold it."""
+        for m in active:
+            known = m.id in self._holders or m.id not in self._current
+            if not known and self._store.check([synced_key(m.id)]):
+                self._holders.add(m.id)
+
+    def _hand_over(self, active: list[_Member], now: float) -> None:
+        """Workers whose host is gone but which hold the only committed state leave once
+        every other worker of the round has it (synced from them after a re-formation), or
+        end the job after --elastic-timeout."""
+        retiring = [m for m in active if m.retiring is not None]
+        if not retiring:
+            return
+        heirs = [m for m in active if m.retiring is None and m.id in self._current]
+        if heirs and all(m.id in self._holders for m in heirs):
+            for m in retiring:
+                log.info(
+                    "elastic: worker %d (%s) handed the state over; it leaves at the next "
+                    "commit",
+                    m.label,
+                    m.id,
+                )
+                self._leave(m)
+            self._hosts_changed(removed_only=True)
+            return
+        since = min(m.retiring for m in retiring if m.retiring is not None)
+        timeout = self.options.elastic_timeout
+        if now - since > timeout:
+            raise LaunchError(
+                "No hosts from previous set remaining, unable to broadcast state: the workers "
+                f"holding the committed state ({', '.join(m.id for m in retiring)}) are on "
+                f"hosts that left the job, and no new worker received the state within "
+                f"{timeout:g}s (--elastic-timeout); new workers waiting: "
+                f"{', '.join(m.id for m in active if m.retiring is None) or 'none'}"
+            )
+
+    def _leave_or_retire(self, gone: list[_Member], now: float) -> list[_Member]:
+        """Workers whose host left the job: they leave, except that if no other worker would
+        be left holding the committed state, those that hold it stay (retire) until they
+        handed it over (:meth:`_hand_over`). Returns the workers that leave now."""
+        keep = [m for m in self.members if m.code is None and not m.leaving and m not in gone]
+        heirs = [m for m in keep if m.id in self._holders and m.retiring is None]
+        left = []
+        for m in gone:
+            if not heirs and m.id in self._holders:
+                if m.retiring is None:
+                    m.retiring = now
+                    log.warning(
+                        "elastic: host %s is gone; worker %d (%s) holds the committed state "
+                        "and stays until new workers have it (at most --elastic-timeout %gs)",
+                        m.host,
+                        m.label,
+                        m.id,
+                        self.options.elastic_timeout,
+                    )
+                continue
+            self._leave(m)
+            left.append(m)
+        return left
+
     def _next_round(self, active: list[_Member]) -> None:
         limit = self.options.reset_limit
         if limit is not None and self._resets >= limit:
@@ -302,8 +394,12 @@ class ElasticJob(Job):
                 f"limit: {limit}"
             )
         self._resets += 1
-        # earlier members first, by their last rank: the new rank 0 holds the committed state
-        old = sorted((m for m in active if m.id in self._current), key=lambda m: m.rank)
+        # earlier members first, those known to hold the committed state ahead, by their last
+        # rank: the new rank 0 holds the committed state
+        old = sorted(
+            (m for m in active if m.id in self._current),
+            key=lambda m: (m.id not in self._holders, m.rank),
+        )
         if not old:
             raise LaunchError("No hosts from previous set remaining, unable to broadcast state.")
         self._form(self._round + 1, old + [m for m in active if m.id not in self._current])
@@ -313,7 +409,18 @@ class ElasticJob(Job):
             label, code = self._exits.get_nowait()
             m = self.members[label]
             m.code = code
-            if code == 0 or m.leaving:
+            if m.leaving:  # not in the job any more: its exit does not count (as in Horovod)
+                log.log(
+                    logging.INFO if code == 0 else logging.WARNING,
+                    "elastic: worker %d (%s), no longer in the job, exited with %s",
+                    label,
+                    m.id,
+                    exit_status(code),
+                )
+                continue
+            if code == 0:
+                continue
+            if m.stranded:
                 continue
             log.warning("elastic: worker %d (%s) exited with %s", label, m.id, exit_status(code))
             if m.id in self._current:  # its round's connections wait for it no longer
@@ -338,6 +445,7 @@ class ElasticJob(Job):
         bounds = self.options.cooldown_range
         failures = self._host_failures[host] = self._host_failures.get(host, 0) + 1
         others = [m for m in self.members if m.host == host and m.code is None and not m.leaving]
+        others = [m for m in others if m.retiring is None]
         if bounds is None:
             self._blacklist[host] = math.inf
             log.warning(
@@ -354,11 +462,10 @@ class ElasticJob(Job):
                 wait,
                 len(others),
             )
-        for m in others:
-            self._leave(m)
+        self._leave_or_retire(others, time.monotonic())
 
     def _leave(self, m: _Member) -> None:
-        m.leaving = True
+        m.leaving, m.retiring = True, None
         self._store.set(rdv.removed_key(m.id), b"1")
         if m.id not in self._current:  # a joiner never formed: nothing to wait for
             m.stop_at = time.monotonic() + self.config.grace_seconds
@@ -379,14 +486,19 @@ class ElasticJob(Job):
         kept = [by_name[h.name] for h in self._hosts if h.name in by_name]
         known = {h.name for h in kept}
         self._hosts = kept + [h for h in found if h.name not in known]
-        gone = [m for m in self.members if m.code is None and not m.leaving]
-        gone = [m for m in gone if m.host not in by_name or _index(m.slot) >= by_name[m.host].slots]
-        for m in gone:
+        live = [m for m in self.members if m.code is None and not m.leaving]
+        gone = [m for m in live if m.host not in by_name or _index(m.slot) >= by_name[m.host].slots]
+        for m in live:
+            if m.retiring is not None and m not in gone:  # its host is listed again
+                log.info("elastic: host %s is back; worker %d stays", m.host, m.label)
+                m.retiring = None
+        left = self._leave_or_retire([m for m in gone if m.retiring is None], time.monotonic())
+        for m in left:
             log.info("elastic: host %s is gone; worker %d leaves at the next commit", m.host,
                      m.label)  # fmt: skip
-            self._leave(m)
         added = self._refill(self._hosts)
-        if gone and not added:
+        if any(m.id in self._current for m in left) and not added:
+            # (workers that never joined a round leave without interrupting the job)
             self._hosts_changed(removed_only=True)
 
     def _refill(self, hosts: list[HostSlots]) -> int:
@@ -397,6 +509,7 @@ class ElasticJob(Job):
             return 0  # the job is finishing: no new workers
         active = [m for m in self.members if m.code is None and not m.leaving]
         busy = {m.slot for m in active}
+        active = [m for m in active if m.retiring is None]  # their hosts are gone
         room = math.inf if opts.max_np is None else opts.max_np - len(active)
         new: list[str] = []
         for h in hosts:
@@ -434,6 +547,15 @@ class ElasticJob(Job):
         failed = [m for m in last if m.code != 0]
         if last and not failed:
             return 0
+        stranded = [m.id for m in failed if m.stranded]
+        if stranded:
+            done = [m.id for m in last if m.code == 0]
+            log.error(
+                "hora run: %s finished the training while %s had not and asked to re-form "
+                "without it; they were stopped and the job fails, as Horovod's does",
+                ", ".join(done),
+                ", ".join(stranded),
+            )
         if not last:
             log.error("hora run: %s", self._why_none_left())
             return 1

@@ -7,7 +7,9 @@ at a ``commit``) it keeps its values. Either way hora is shut down and initialis
 re-forms the job with the launcher (see :mod:`hora.rendezvous.rounds`), the state's ``on_reset``
 runs (its ``reset()``, then the reset callbacks), the state is synchronised from the new rank 0
 (skipped when hosts were only removed), and the function is called again. A worker whose host
-left the job exits with status 0 at its re-formation.
+left the job exits with status 0 at its re-formation. After its first ``sync()`` a worker
+writes :func:`synced_key` in the launcher's store: from then on it holds the committed state, so
+a worker whose host is removed may leave the job without taking the only copy with it.
 
 Runs in the training thread; not thread-safe.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,6 +30,12 @@ log = logging.getLogger("hora.elastic")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _REFORM_TRIES = 5  # re-formations in a row whose connections fail before the worker gives up
+_synced = False  # this worker told the launcher that it holds the committed state
+
+
+def synced_key(worker: str) -> str:
+    """The store key a worker sets once it holds the committed state (after a sync)."""
+    return f"elastic/synced/{worker}"
 
 
 def run(func: F) -> F:
@@ -41,6 +50,7 @@ def run(func: F) -> F:
             try:
                 if not skip_sync:
                     state.sync()
+                    _tell_synced()
                 return func(state, *args, **kwargs)
             except HoraInternalError as e:
                 if not _elastic():
@@ -55,6 +65,20 @@ def run(func: F) -> F:
             state.on_reset()
 
     return wrapper  # type: ignore[return-value]
+
+
+def _tell_synced() -> None:
+    global _synced
+    if _synced:
+        return
+    from hora.core import runtime
+    from hora.settings import env_lookup
+
+    rt = runtime.runtime()
+    worker = env_lookup(os.environ, "ELASTIC_ID")
+    if rt.settings.elastic and rt.store is not None and worker:
+        rt.store.set(synced_key(str(worker)), b"1")
+        _synced = True
 
 
 def _elastic() -> bool:
