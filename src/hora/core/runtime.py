@@ -32,7 +32,7 @@ from hora.core.messages import OpType, Request
 from hora.core.process_sets import ProcessSet, global_process_set
 from hora.errors import NOT_INITIALIZED_MESSAGE
 from hora.identity import Identity, detect
-from hora.rendezvous.rounds import is_elastic_worker, join
+from hora.rendezvous.rounds import WorkerRemoved, is_elastic_worker, join
 from hora.settings import Settings, check_paths, env_lookup, load
 
 log = logging.getLogger("hora")
@@ -189,7 +189,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         generation: int | str = _generation
         if settings.elastic and is_elastic_worker(os.environ):
             # the launcher assigns the rank; each round has its own connections
-            identity, _elastic_round = join(os.environ, _elastic_round, settings.elastic_timeout)
+            try:
+                timeout = settings.elastic_timeout
+                identity, _elastic_round = join(os.environ, _elastic_round, timeout)
+            except WorkerRemoved as e:
+                if _elastic_round >= 0:
+                    raise  # a re-formation: hora.elastic.run exits with status 0
+                log.warning("%s before it joined; exiting with status 0", e)
+                raise SystemExit(0) from None
             generation, mpi_job = f"e{_elastic_round}", None
         else:
             identity, mpi_job = _mpi_world(comm, detect(), settings)
