@@ -15,7 +15,16 @@ one fault once, in one phase, in one worker (``victim``). argv[1] is a JSON obje
   ``settle`` (default true): hold the training until the job took in the hosts written;
   ``late_start``: seconds the workers of 127.0.0.1 wait before ``hvd.init()``; ``linger``:
   seconds every worker waits after training; ``progress``: a file rank 0 appends
-  ``step size`` to at every step.
+  ``step size`` to at every step; ``times``: a file rank 0 appends ``time step size`` to.
+* ``swap`` (optional): ``{"step": s, "after_s": x, "hosts": final}``: at step ``s`` rank 0
+  adds 127.0.0.1:2 to the discovery file, and ``x`` seconds later writes ``final`` (the first
+  host removed); at 0 it writes ``final`` at once. The training then holds (committing) until
+  its rank 0 runs on a host that ``final`` lists, for at most ``hold_s`` seconds (default 30).
+* ``step_s``: seconds each step sleeps before its commit (default 0.1).
+* ``early``: ``{"id": worker, "step": s}``: that worker returns from its training after step
+  ``s`` (and reports DONE), the others train on.
+* ``fail_after``: ``{"id": worker, "wait": x}``: after DONE, that worker waits ``x`` seconds
+  and exits with 3.
 * ``steps``; ``dir``: where the markers go (``fired`` once the fault fired, ``t_fault``).
 
 At the end each worker prints ``DONE {json}``: its step, the committed-sample counter, the
@@ -28,6 +37,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -77,9 +87,31 @@ def maybe_add_host(step: int) -> None:
     if hosts is not None and hvd.rank() == 0 and _once(f"schedule.{step}"):
         with open(CFG["hosts_file"], "w") as f:
             f.write(hosts)
+    swap = CFG.get("swap")
+    if swap and step == swap["step"] and hvd.rank() == 0 and _once("swap"):
+        _swap(swap)
     if PHASE in ("sync", "reform") and step == 2 and ME == "localhost:0" and _once("added"):
         with open(CFG["hosts_file"], "w") as f:
             f.write("localhost:2\n127.0.0.1:2\n")
+
+
+def _swap(swap: dict) -> None:
+    """Add 127.0.0.1:2 now, and write the final hosts ``after_s`` seconds later (a daemon
+    timer in this process, which trains on meanwhile)."""
+
+    def write(text: str) -> None:
+        with open(CFG["hosts_file"], "w") as f:
+            f.write(text)
+        with open(os.path.join(DIR, "t_hosts"), "a") as f:
+            f.write(f"{time.time()!r} {text.split()}\n")
+
+    if swap["after_s"] <= 0:
+        write(swap["hosts"])
+        return
+    write("localhost:2\n127.0.0.1:2\n")
+    timer = threading.Timer(swap["after_s"], write, args=(swap["hosts"],))
+    timer.daemon = True
+    timer.start()
 
 
 if PHASE == "reform":  # fault inside the re-formation: after the rank, before the connections
@@ -99,6 +131,12 @@ def _hosts_pending() -> bool:
     until it has, so that a short job cannot end before discovery notices)."""
     if not CFG.get("settle", True):
         return False
+    if CFG.get("swap"):  # until rank 0 runs on a host of the final list
+        if not os.path.exists(os.path.join(DIR, "swap")):
+            return False
+        with open(CFG["hosts_file"]) as f:
+            names = {line.rsplit(":", 1)[0] for line in f.read().split()}
+        return ME.split("+")[0].rsplit(":", 1)[0] not in names or hvd.size() != len(names) * 2
     fired = os.path.exists(os.path.join(DIR, "fired"))
     if FAULT not in ("hosts", "none") and fired and not CFG.get("schedule"):
         return False
@@ -108,12 +146,14 @@ def _hosts_pending() -> bool:
 
 
 def settle(state: ObjectState) -> None:
-    """Commit until the hosts written to the discovery file are the job's (at most 30 s)."""
-    deadline = time.monotonic() + 30
+    """Commit until the hosts written to the discovery file are the job's (at most
+    ``hold_s``, 30 s by default)."""
+    hold = CFG.get("hold_s", 30)
+    deadline = time.monotonic() + hold
     while hvd.broadcast_object(hvd.rank() == 0 and _hosts_pending(), 0, name="pending"):
         if time.monotonic() > deadline:
-            raise SystemExit(f"{ME}: the job did not take in the new hosts within 30 s")
-        time.sleep(0.1)
+            raise SystemExit(f"{ME}: the job did not take in the new hosts within {hold} s")
+        time.sleep(CFG.get("step_s", 0.1))
         state.commit()
 
 
@@ -158,6 +198,9 @@ def train(state: FaultyState) -> None:
         if hvd.rank() == 0 and CFG.get("progress"):
             with open(CFG["progress"], "a") as f:
                 f.write(f"{state.step} {hvd.size()}\n")
+        if hvd.rank() == 0 and CFG.get("times"):
+            with open(CFG["times"], "a") as f:
+                f.write(f"{time.time()!r} {state.step} {hvd.size()}\n")
         if len(resumed) < len(resets):
             resumed.append(time.time())
         size = int(out[1])
@@ -167,9 +210,12 @@ def train(state: FaultyState) -> None:
         state.history = [*state.history, (state.step, size)]
         if state.step == 4:
             maybe_fault("step")
-        time.sleep(0.1)
+        time.sleep(CFG.get("step_s", 0.1))
         state.commit()
         settle(state)
+        early = CFG.get("early")
+        if early and early["id"] == ME and state.step == early["step"]:
+            return
 
 
 train(state)
@@ -187,3 +233,7 @@ report = {
 }
 print("DONE " + json.dumps(report), flush=True)
 hvd.shutdown()
+late_failure = CFG.get("fail_after")
+if late_failure and late_failure["id"] == ME:
+    time.sleep(late_failure["wait"])
+    sys.exit(3)

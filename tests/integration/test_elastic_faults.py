@@ -289,3 +289,93 @@ def test_workers_that_arrive_after_the_training_ended_are_stopped(tmp_path) -> N
     assert code == 0, out[-6000:]
     assert set(done) == {"localhost:0", "localhost:1"} and _sizes(done) == {2}, out[-6000:]
     assert "started worker 2 (127.0.0.1:0)" in out, out[-6000:]  # they did start
+
+
+# -- a host replaced while its replacements are slow to start --------------------------------
+#
+# Horovod's "hosts added, then removed" with slow new workers: localhost:2 trains; at step 1
+# 127.0.0.1:2 is added, whose workers sleep before hvd.init() (a slow framework import), and
+# the discovery script drops localhost some seconds after the addition. The committed state
+# lives only on localhost's workers until the new ones synced it, so those stay in the job
+# until then. Of the 3 x 3 (sleep 0/5/20 s, removal 0/1/5 s after the addition), CI runs:
+# * (0, 0): a swap at once: the old host is gone before the new workers even started; the
+#   hand-over has to wait for them however fast they are ((5, 0) and (20, 0) wait longer the
+#   same way);
+# * (5, 1): the reported case: the removal comes while the new workers still import;
+# * (20, 5): the slowest start, the removal while the old host trains on at full speed
+#   ((20, 1) is the same path);
+# (0, 1), (0, 5) and (5, 5) mostly let the new workers in before the removal, the path
+# test_reset_limit_counts_resets_as_horovod takes. Each case costs its sleep plus about 5 s.
+HANDOVER = [(0, 0), (5, 1), (20, 5)]
+NEW = {"127.0.0.1:0", "127.0.0.1:1"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("sleep", "removal"), HANDOVER)
+def test_a_replaced_host_hands_its_state_to_slow_new_workers(tmp_path, sleep, removal) -> None:
+    cfg = {"swap": {"step": 1, "after_s": removal, "hosts": "127.0.0.1:2\n"},
+           "late_start": sleep, "hold_s": 60}  # fmt: skip
+    flags = ["-np", "2", "--min-np", "2", "--max-np", "4"]
+    code, out, done, _ = _launch(tmp_path, LOCAL, cfg, flags)
+    assert code == 0, out[-6000:]
+    _check_training({"survivors": NEW, "size": 2}, done, out[-6000:])
+    # one reset takes the new workers in (they sync from localhost's), one lets localhost go
+    assert {r["resets"] for r in done.values()} == {1}, out[-6000:]
+    assert out.count(" formed with ") == 2, out[-6000:]
+    assert "holds the committed state and stays" in out, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_hand_over_that_never_comes_ends_after_elastic_timeout(tmp_path) -> None:
+    """The new workers take longer than --elastic-timeout to start: the job ends, saying so,
+    rather than waiting for ever or going on without the state."""
+    cfg = {"swap": {"step": 1, "after_s": 0, "hosts": "127.0.0.1:2\n"}, "late_start": 30,
+           "hold_s": 60}  # fmt: skip
+    flags = ["-np", "2", "--min-np", "2", "--max-np", "4"]
+    code, out, done, took = _launch(tmp_path, LOCAL, cfg, flags, HOROVOD_ELASTIC_TIMEOUT="4")
+    assert code != 0 and not done, out[-6000:]
+    assert "No hosts from previous set remaining, unable to broadcast state" in out, out
+    assert "no new worker received the state within 4s" in out, out[-6000:]
+    assert took < 25, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_new_worker_removed_before_its_first_init_exits_0(tmp_path) -> None:
+    """127.0.0.1:2 is added and dropped again while its workers still start: they reach
+    hvd.init() after their removal and leave with status 0 (as at a re-formation), which the
+    launcher reports without counting it; the job goes on with localhost."""
+    cfg = {"swap": {"step": 1, "after_s": 1.5, "hosts": LOCAL}, "late_start": 3.5,
+           "step_s": 0.3, "linger": 6}  # fmt: skip
+    flags = ["-np", "2", "--min-np", "2", "--max-np", "4"]
+    code, out, done, _ = _launch(tmp_path, LOCAL, cfg, flags)
+    assert code == 0, out[-6000:]
+    assert set(done) == {"localhost:0", "localhost:1"}, out[-6000:]
+    for wid in sorted(NEW):
+        assert f"({wid}), no longer in the job, exited with 0" in out, out[-6000:]
+    assert "has been removed from elastic job" in out, out[-6000:]
+    assert "Traceback" not in out, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_finishes_early_fails_the_job_at_once(tmp_path) -> None:
+    """localhost:1 returns from its training at step 3 and exits 0; the others' next allreduce
+    fails and they ask to re-form, which cannot happen once a worker finished. As in Horovod,
+    they are stopped and the job fails at once (not after --elastic-timeout, 40 s here)."""
+    cfg = {"early": {"id": "localhost:1", "step": 3}}
+    code, out, done, took = _launch(tmp_path, BOTH, cfg, ["-np", "2", "--min-np", "2"])
+    assert code != 0, out[-6000:]
+    assert set(done) == {"localhost:1"}, out[-6000:]
+    assert "asked to re-form without it" in out, out[-6000:]
+    assert took < 30, out[-6000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_failing_after_another_finished_fails_the_job(tmp_path) -> None:
+    """Every worker finishes the training; localhost:0 then fails (exit 3) after localhost:1
+    exited 0. Horovod 0.28.1 counts that exit (its driver records results until every worker
+    of the last rendezvous is in) and fails the job: so does hora."""
+    cfg = {"fail_after": {"id": "localhost:0", "wait": 1.0}}
+    code, out, done, _ = _launch(tmp_path, BOTH, cfg, ["-np", "2", "--min-np", "2"])
+    assert code == 3, out[-6000:]
+    assert len(done) == 4, out[-6000:]
+    assert "worker 0 (localhost:0) of the last round exited with 3" in out, out[-6000:]
