@@ -7,9 +7,13 @@ Horovod's elastic driver, on hora's rendezvous store (see :mod:`hora.rendezvous.
 * **Discovery.** ``--host-discovery-script`` runs every second (:data:`DISCOVERY_INTERVAL`);
   host order is stable, new hosts come last. Workers start on new slots (up to ``--max-np``);
   once one asks to join, the running workers are told (the ``hosts`` key) and raise
-  ``HostsUpdatedInterrupt`` at their next ``commit()``/``check_host_updates()``. The workers of
-  a host that disappeared are told the same way; at the re-formation they leave with status 0,
-  and nothing is rolled back.
+  ``HostsUpdatedInterrupt`` at their next ``commit()``/``check_host_updates()`` (so the job
+  trains on while new workers start). The workers of a host that disappeared are told the same
+  way; at the re-formation they leave with status 0, and nothing is rolled back.
+* **Hand-over.** Workers hold the committed state from round 0 or once they synced it (they
+  write ``elastic/synced/<id>``, :func:`hora.elastic.run.synced_key`). Workers whose host is
+  removed while no other worker holds the state stay (``retiring``) until the job re-formed
+  with new workers and those synced, then leave; after ``--elastic-timeout`` the job ends.
 * **A failed worker** (non-zero exit) blacklists its host: all of the host's workers leave the
   job (they exit at the re-formation). With ``--blacklist-cooldown-range MIN MAX`` the host comes
   back after its cooldown (:func:`cooldown`); without it, never.
