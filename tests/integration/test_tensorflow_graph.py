@@ -125,6 +125,30 @@ def check_v1_gradients_of_grouped_ops(tf: Any, hvd: Any, r: int, n: int) -> None
                 close(got[i], 2 * (rows(r) + i))
 
 
+def check_v1_gradients_of_every_op(tf: Any, hvd: Any, r: int, n: int) -> None:
+    """tf.gradients through every differentiable collective, all in one run."""
+    k = 8
+    xs = []
+    with tf.Graph().as_default():
+        xs = [late(tf, tf.constant(np.ones([2 * n, 2], np.float32)), i, k, r) for i in range(k)]
+        ys = [
+            hvd.allreduce(xs[0], op=hvd.Sum),
+            *hvd.grouped_allreduce([xs[1], xs[2]]),
+            hvd.allgather(xs[3]),
+            hvd.broadcast(xs[4], root_rank=0),
+            hvd.alltoall(xs[5]),
+            hvd.reducescatter(xs[6], op=hvd.Sum),
+            *hvd.grouped_reducescatter([xs[7]], op=hvd.Average),
+        ]
+        grads = tf.gradients(tf.add_n([tf.reduce_sum(y) for y in ys]), xs)
+        with session(tf, 1) as s:
+            got = s.run(grads)
+    # Horovod's rules for d(sum of outputs)/d(input), with every rank's outputs summed alike
+    want = [n, 1, 1, 1, 1 if r == 0 else 0, 1, n, 1]
+    for g, w in zip(got, want):
+        close(g, np.full([2 * n, 2], w, np.float32))
+
+
 def check_function_independent_ops(tf: Any, hvd: Any, r: int, n: int) -> None:
     """Inside tf.function the same ops run in program order on every rank."""
     want: list[Any] = []

@@ -192,6 +192,17 @@ def check_reducescatter_and_grad(tf: Any, hvd: Any, r: int, n: int) -> None:
     for y, g in both_modes(tf, fn):
         close(y, total[start : start + sizes[r]])
         close(g, np.full((rows, 2), n))  # Horovod's rule: allgather, times size for Sum
+
+    def scaled() -> Any:
+        x = tf.constant(xs[r])
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Average, prescale_factor=0.5,
+                                                   postscale_factor=3.0))  # fmt: skip
+        return tape.gradient(loss, x)
+
+    for g in both_modes(tf, scaled):
+        close(g, np.full((rows, 2), 1.5))  # and times the scale factors
     avg = hvd.reducescatter(tf.constant(xs[r]))
     close(avg, (total / n)[start : start + sizes[r]])
     a, b = hvd.grouped_reducescatter([tf.constant(xs[r]), tf.constant(xs[r] * 2)], op=hvd.Sum)
@@ -250,6 +261,17 @@ def check_process_set(tf: Any, hvd: Any, r: int, n: int) -> None:
             close(got, sum(x_of(k) for k in ps.ranks))
         g = hvd.allgather(tf.constant([r]), process_set=ps)
         assert np.asarray(g).tolist() == ps.ranks
+        k = ps.size()
+
+        def scattered() -> Any:  # the gradient is gathered over the set, times its size
+            x = tf.ones([2 * k, 2])
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Sum, process_set=ps))
+            return tape.gradient(loss, x)
+
+        for got in both_modes(tf, scattered):
+            close(got, np.full((2 * k, 2), k))
     hvd.barrier()
 
 

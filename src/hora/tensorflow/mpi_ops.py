@@ -192,7 +192,10 @@ def _broadcast_diff(t: tf.Tensor, root: int, name: str | None, ps: ProcessSet) -
             reduced = _allreduce_diff(
                 [tf.convert_to_tensor(dy)], _grad_name(name), Average, 1.0, 1.0, ps
             )[0]
-            return reduced if rank() == root else tf.zeros_like(reduced)
+            if rank() == root:
+                return reduced
+            with tf.control_dependencies([reduced]):  # a zero TensorFlow may not fold away
+                return reduced * tf.zeros([], reduced.dtype)  # (the peers wait for this rank)
 
         return y, grad
 
