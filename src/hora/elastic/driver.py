@@ -318,7 +318,7 @@ class ElasticJob(Job):
         if not waiting or len(waiting) < len(live):
             return
         done = [m.id for m in self.members if m.code == 0 and m.id in self._current]
-        for m in waiting:
+        for m in (m for m in waiting if not m.stranded):  # each is told once
             log.warning(
                 "elastic: worker %d (%s) asks to re-form, but %s finished the training; "
                 "stopping it",
