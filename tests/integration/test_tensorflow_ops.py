@@ -237,6 +237,27 @@ def check_sparse_indexed_slices(tf: Any, hvd: Any, r: int, n: int) -> None:
         for got in both_modes(tf, tape_grad):
             close(got, want)
 
+    def predivided() -> Any:  # gathering needs no predivision: the factors cancel out
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(emb, [r, r + 1]))
+        tape = hvd.DistributedGradientTape(tape, gradient_predivide_factor=2.0)
+        return tf.convert_to_tensor(tape.gradient(loss, emb))
+
+    for got in both_modes(tf, predivided):
+        close(got, want)
+    # Horovod's rules: an Average divides the gathered values (integers become floats) ...
+    ints = tf.IndexedSlices(tf.fill([1, 2], tf.constant(2 * n, tf.uint8)), tf.constant([r]))
+    avg = hvd.allreduce(ints, op=hvd.Average)
+    assert avg.values.dtype.is_floating, avg.values.dtype
+    close(avg.values, np.full((n, 2), 2.0))
+    # ... and other ops and scale factors are refused, on every rank alike
+    for kw in ({"op": hvd.Min}, {"op": hvd.Max}, {"op": hvd.Product}, {"op": hvd.Adasum},
+               {"op": hvd.Sum, "prescale_factor": 0.5}, {"postscale_factor": 2.0}):
+        with pytest.raises(NotImplementedError):
+            hvd.allreduce(g, **kw)
+        with pytest.raises(NotImplementedError):
+            hvd.grouped_allreduce([tf.ones([2]), g], **kw)
+
 
 def check_barrier_join_objects_and_topology(tf: Any, hvd: Any, r: int, n: int) -> None:
     hvd.barrier()

@@ -83,6 +83,7 @@ from hora.tensorflow.mpi_ops import (
     size_op,
 )
 from hora.tensorflow.sync_batch_norm import SyncBatchNormalization
+from hora.tensorflow.util import _executing_eagerly  # noqa: F401 - Horovod's hvd._executing_eagerly
 
 __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "elastic", "Compression",

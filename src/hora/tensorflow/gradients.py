@@ -163,9 +163,8 @@ class GradientReducer:
         dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(
             g, tf.IndexedSlices)]  # fmt: skip
         for k, i in enumerate(i for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)):
-            out[i] = allreduce(
+            out[i] = allreduce(  # gathered: the predivide factors would cancel out
                 grads[i], op=self.op, compression=self.compression,
-                prescale_factor=pre, postscale_factor=post,
                 name=None if self.name is None else f"{self.name}.sparse.{k}",
                 process_set=self.process_set,
             )  # fmt: skip

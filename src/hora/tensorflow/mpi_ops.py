@@ -251,29 +251,36 @@ def _reducescatter_diff(
 
 # -- the public collectives ----------------------------------------------------------------
 def _sparse_allreduce(
-    slices: tf.IndexedSlices,
-    name: str | None,
-    op: int,
-    pre: float,
-    post: float,
-    ps: ProcessSet,
+    slices: tf.IndexedSlices, name: str | None, op: int, ps: ProcessSet
 ) -> tf.IndexedSlices:
-    """Reduce IndexedSlices by gathering every rank's values and indices (Horovod's rule)."""
+    """Reduce IndexedSlices by gathering every rank's values and indices (Horovod's rule); an
+    Average divides the gathered values by the set's size (true division, as TensorFlow's
+    ``/``: integer values become floating point)."""
+    values = tf.convert_to_tensor(slices.values)
+    nm = (lambda s: None if name is None else f"{name}.{s}")  # noqa: E731
+    gathered = _allgather_diff([values], nm("values"), ps)[0]
+    indices = _allgather_raw([tf.convert_to_tensor(slices.indices)], nm("indices"), ps)[0]
+    if op == Average:
+        gathered = gathered / tf.cast(_ps(ps).size(), gathered.dtype)
+    return tf.IndexedSlices(gathered, indices, dense_shape=slices.dense_shape)
+
+
+def _check_sparse(op: int, pre: float, post: float) -> None:
+    """What Horovod refuses for a ``tf.IndexedSlices``, refused the same way."""
     if op == Adasum:
         raise NotImplementedError(
             "The Adasum reduction does not currently support sparse tensors; "
             "pass sparse_as_dense=True"
         )
     if op not in (Average, Sum):
-        raise ValueError("sparse (IndexedSlices) allreduce supports op=Average or op=Sum only")
-    values = tf.convert_to_tensor(slices.values)
-    nm = (lambda s: None if name is None else f"{name}.{s}")  # noqa: E731
-    gathered = _allgather_diff([values], nm("values"), ps)[0]
-    indices = _allgather_raw([tf.convert_to_tensor(slices.indices)], nm("indices"), ps)[0]
-    scale = pre * post / (_ps(ps).size() if op == Average else 1)
-    if scale != 1.0:
-        gathered = gathered * tf.cast(scale, gathered.dtype)
-    return tf.IndexedSlices(gathered, indices, dense_shape=slices.dense_shape)
+        raise NotImplementedError(
+            "a tf.IndexedSlices is reduced by gathering it: only op=hvd.Sum and op=hvd.Average "
+            "are supported (pass sparse_as_dense=True for other ops)"
+        )
+    if pre != 1.0 or post != 1.0:
+        raise NotImplementedError(
+            "prescale_factor and postscale_factor are not supported with tf.IndexedSlices"
+        )
 
 
 def allreduce(
@@ -292,7 +299,8 @@ def allreduce(
     """Reduce ``tensor`` over the set (default Average); a ``tf.IndexedSlices`` is gathered."""
     op = reduce_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
-        return _sparse_allreduce(tensor, name, op, prescale_factor, postscale_factor, process_set)
+        _check_sparse(op, prescale_factor, postscale_factor)
+        return _sparse_allreduce(tensor, name, op, process_set)
     t = as_tensor(tensor)
     if op == Adasum and not t.dtype.is_floating:
         raise TypeError(f"Adasum needs a floating-point tensor, got {t.dtype.name}")
