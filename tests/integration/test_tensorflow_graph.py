@@ -149,6 +149,20 @@ def check_v1_gradients_of_every_op(tf: Any, hvd: Any, r: int, n: int) -> None:
         close(g, np.full([2 * n, 2], w, np.float32))
 
 
+def check_v1_broadcast_inplace_returns_what_to_run(tf: Any, hvd: Any, r: int, n: int) -> None:
+    """In a TF1 graph broadcast_ returns tensors whose evaluation broadcasts and assigns."""
+    with tf.Graph().as_default():
+        for resource in (True, False):
+            v = tf.compat.v1.Variable(np.full([3], r, np.float32), use_resource=resource)
+            w = tf.compat.v1.Variable(np.full([2], 10 + r, np.int32), use_resource=resource)
+            outs = hvd.broadcast_([v, w], root_rank=n - 1)
+            with session(tf, 1) as s:
+                s.run(tf.compat.v1.global_variables_initializer())
+                got = s.run(outs)
+                close(got, [np.full([3], n - 1), np.full([2], 10 + n - 1)])
+                close(s.run([v, w]), [np.full([3], n - 1), np.full([2], 10 + n - 1)])
+
+
 def check_function_independent_ops(tf: Any, hvd: Any, r: int, n: int) -> None:
     """Inside tf.function the same ops run in program order on every rank."""
     want: list[Any] = []

@@ -385,7 +385,10 @@ def broadcast_(
 ) -> Any:
     """Overwrite each variable (one, or a list) with ``root_rank``'s value, in place.
 
-    All variables travel in one grouped op per dtype-independent batch; returns the variables.
+    All variables travel in one bridge call. Eager and inside tf.function the assignment is
+    done when this returns, and the variables are returned; in a TensorFlow 1 graph the
+    broadcast values are returned (one tensor per variable), and evaluating them broadcasts
+    and assigns, as Horovod's in-place op does.
     """
     single = hasattr(variables, "assign")  # tf.Variable, or a Keras 3 Variable
     vs = [variables] if single else list(variables)
@@ -398,9 +401,15 @@ def broadcast_(
         [as_tensor(v, f"variables[{i}]") for i, v in enumerate(vs)], int(root_rank), name,
         process_set,
     )  # fmt: skip
-    for v, val in zip(vs, values):
-        v.assign(val)
-    return variables
+    if tf.executing_eagerly() or tf.inside_function():
+        for v, val in zip(vs, values):
+            v.assign(val)
+        return variables
+    outs = []
+    for v, val in zip(vs, values):  # TF1: nothing runs an assignment nobody fetches
+        with tf.control_dependencies([v.assign(val, read_value=False)]):
+            outs.append(tf.identity(val))
+    return outs[0] if single else outs
 
 
 def _broadcast_group(
