@@ -134,3 +134,18 @@ def is_iterable(x: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+@functools.cache
+def is_version_greater_equal_than(ver: str, target: str) -> bool:
+    """Whether version string ``ver`` is at least ``target`` (``major.minor.patch``)."""
+    from packaging import version
+
+    if not isinstance(ver, str) or not isinstance(target, str):
+        raise ValueError(
+            f"is_version_greater_equal_than takes two version strings, got {type(ver).__name__} "
+            f"{ver!r} and {type(target).__name__} {target!r}"
+        )
+    if len(target.split(".")) != 3:
+        raise ValueError(f"target must be a version of the form major.minor.patch, got {target!r}")
+    return version.parse(ver) >= version.parse(target)

@@ -40,3 +40,12 @@ def test_helpers() -> None:
     assert util.split_list(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
     assert [n for n in range(10) if util.num_rank_is_power_2(n)] == [1, 2, 4, 8]
     assert util.is_iterable([1]) and not util.is_iterable(3)
+
+
+def test_is_version_greater_equal_than() -> None:
+    assert util.is_version_greater_equal_than("2.21.0", "2.6.0")
+    assert not util.is_version_greater_equal_than("2.5.3", "2.6.0")
+    with pytest.raises(ValueError, match="major.minor.patch"):
+        util.is_version_greater_equal_than("2.21.0", "2.6")
+    with pytest.raises(ValueError, match="version strings"):
+        util.is_version_greater_equal_than(2.21, "2.6.0")
