@@ -293,6 +293,17 @@ def check_process_set(tf: Any, hvd: Any, r: int, n: int) -> None:
 
         for got in both_modes(tf, scattered):
             close(got, np.full((2 * k, 2), k))
+
+    def tape_grad() -> Any:  # members average, a rank outside keeps its own gradient
+        x = tf.constant(float(r))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = x * x
+        return hvd.DistributedGradientTape(tape, process_set=ps).gradient(y, [x])[0]
+
+    for got in both_modes(tf, tape_grad):
+        want = 2.0 * sum(ps.ranks) / len(ps.ranks) if r in ps.ranks else 2.0 * r
+        close(got, want)
     hvd.barrier()
 
 

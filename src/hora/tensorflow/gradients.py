@@ -117,7 +117,10 @@ class GradientReducer:
         return bool(self.local) and var is not None and variable_key(var) in self.local
 
     def active(self) -> bool:
-        """Reduce only where there is someone to reduce with (or the job is elastic)."""
+        """Reduce only where there is someone to reduce with (or the job is elastic), and only
+        on the set's members: a rank outside the process set keeps its own gradients."""
+        if not self.process_set.included():
+            return False
         return self.process_set.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
 
     def __call__(self, grads: Sequence[Any], variables: Sequence[Any] | None = None) -> list[Any]:
