@@ -4,7 +4,8 @@
 Each world is one job whose ranks run every ``check_*``: ``model.fit`` with
 ``DistributedOptimizer`` and the callbacks (broadcast makes the weights equal, metrics averaged,
 warm-up learning rates), two ranks on halves of each batch equal one rank on the whole batch,
-and a ``load_model`` round trip.
+a ``load_model`` round trip, the Keras-level collectives (tensors when eager, values in a
+TensorFlow 1 session) and Horovod's names and argument checks.
 """
 
 from __future__ import annotations
@@ -241,6 +242,67 @@ def check_tensorflow_distributed_optimizer(ctx: dict[str, Any], r: int, n: int) 
     np.testing.assert_allclose(v.numpy(), want, rtol=1e-6)
     with pytest.raises(ValueError, match="Keras optimizer"):
         hvd_tf.DistributedOptimizer(object())
+
+
+def check_keras_level_collectives(ctx: dict[str, Any], r: int, n: int) -> None:
+    """Horovod's Keras-level collectives return the result tensor when eager, and in a
+    TensorFlow 1 graph the value run in the Keras session (where broadcast_global_variables
+    works; eagerly it raises RuntimeError)."""
+    import hora.keras as hvd_k
+
+    tf, hvd = ctx["tf"], ctx["hvd"]
+    for mod in (hvd, hvd_k):
+        got = {
+            "allreduce": mod.allreduce([float(r), 2.0], name=f"{mod.__name__}.ar"),
+            "allgather": mod.allgather([[float(r)]]),
+            "broadcast": mod.broadcast([float(r)], root_rank=n - 1),
+            "reducescatter": mod.reducescatter([[1.0]] * n, op=mod.Sum),
+        }
+        for what, value in got.items():
+            assert isinstance(value, tf.Tensor), (mod.__name__, what, type(value))
+        np.testing.assert_allclose(got["allreduce"].numpy(), [(n - 1) / 2, 2.0])
+        assert got["allgather"].numpy().tolist() == [[float(k)] for k in range(n)]
+        assert got["broadcast"].numpy().tolist() == [n - 1.0]
+        assert got["reducescatter"].numpy().tolist() == [[float(n)]]
+        with pytest.raises(RuntimeError, match="eager"):
+            mod.broadcast_global_variables(0)
+    if ctx["legacy"]:  # tf_keras has a TensorFlow 1 session (Keras 3 has none)
+        with tf.Graph().as_default():
+            v = tf.compat.v1.Variable([float(r)])
+            session = tf.compat.v1.keras.backend.get_session()
+            session.run(v.initializer)
+            out = hvd.allreduce([float(r)], name="graph.ar")
+            assert isinstance(out, np.ndarray) and out.tolist() == [(n - 1) / 2], out
+            hvd.broadcast_global_variables(n - 1)
+            assert session.run(v).tolist() == [n - 1.0]
+
+
+def check_horovod_namespace_and_arguments(ctx: dict[str, Any], r: int, n: int) -> None:
+    """Horovod's names in both Keras modules, and DistributedOptimizer's argument checks."""
+    import inspect
+
+    import hora
+    import hora.keras as hvd_k
+    import hora.tensorflow
+
+    keras, hvd = ctx["keras"], ctx["hvd"]
+    for mod in (hvd, hvd_k):
+        for name in ("ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
+                     "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+                     "rocm_built"):  # fmt: skip
+            assert getattr(mod, name) is getattr(hora.tensorflow, name), (mod.__name__, name)
+        assert mod.mpi_enabled() == hora.mpi_enabled()
+        assert callable(mod.start_timeline) and callable(mod.stop_timeline)
+        assert "legacy_opts" in inspect.signature(mod.load_model).parameters
+        with pytest.raises(ValueError, match="Average and Sum"):
+            mod.DistributedOptimizer(keras.optimizers.SGD(0.1), op=mod.Adasum)
+    with pytest.raises(ValueError, match="Average and Sum"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Max)
+    with pytest.raises(ValueError, match="groups"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), groups=0)
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), num_groups=2)
+    assert opt._hora_reducer.num_groups == 2
 
 
 CHECKS = {name: fn for name, fn in dict(globals()).items() if name.startswith("check_")}

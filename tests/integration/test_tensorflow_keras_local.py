@@ -4,10 +4,11 @@ Like ``test_tensorflow_keras.py``: each Keras world (Keras 3, tf_keras with
 ``TF_USE_LEGACY_KERAS=1``) is one job whose ranks run every check meant for that world. The
 checks: ``backward_passes_per_step`` on tf_keras optimizers (legacy and current) reduces and
 applies every Nth pass with local sums in between, averaged or not, dense or sparse, carrying
-an infinite gradient without crashing; a legacy optimizer's ``get_gradients`` returns reduced
-tensors; ``register_local_var``, ``PartialDistributedOptimizer``,
-``PartialDistributedGradientTape`` and ``BroadcastGlobalVariablesCallback(local_variables=)``
-keep local variables out of the reduction and the broadcast.
+an infinite gradient without crashing; ``get_gradients`` (a legacy optimizer's, or one a
+subclass of a current optimizer defines) returns reduced tensors; ``register_local_var``,
+``PartialDistributedOptimizer``, ``PartialDistributedGradientTape`` and
+``BroadcastGlobalVariablesCallback(local_variables=)`` keep local variables out of the
+reduction and the broadcast.
 """
 
 from __future__ import annotations
@@ -150,6 +151,26 @@ def check_legacy_get_gradients_reduced(ctx: dict[str, Any], r: int, n: int) -> N
     total = sum(range(1, n + 1))  # Sum over the ranks of (r + 1)
     np.testing.assert_allclose(grad.numpy(), [2.0 * total, 4.0 * total], rtol=1e-6)
     np.testing.assert_allclose(v.numpy(), [1.0 - 0.2 * total, 2.0 - 0.4 * total], rtol=1e-6)
+
+
+@check(*TF_KERAS)
+def check_subclass_get_gradients_reduced(ctx: dict[str, Any], r: int, n: int) -> None:
+    """A subclass of a current tf_keras optimizer that defines ``get_gradients``: its gradients
+    come back reduced, and ``model.fit`` (``compute_gradients``) still trains with it."""
+    tf, keras, hvd = ctx["tf"], ctx["keras"], ctx["hvd"]
+
+    class RankGradients(keras.optimizers.SGD):
+        def get_gradients(self, loss: Any, params: Any) -> list[Any]:
+            return [tf.constant([float(r)]) for _ in params]
+
+    opt = hvd.DistributedOptimizer(RankGradients(1.0))
+    v = tf.Variable([0.0])
+    (grad,) = opt.get_gradients(None, [v])
+    opt.apply_gradients([(grad, v)])
+    np.testing.assert_allclose(v.numpy(), [-(n - 1) / 2], rtol=1e-6)  # minus the ranks' mean
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(RankGradients(0.1)), loss="mse")
+    model.fit(np.ones((4, 2), np.float32), np.ones((4, 1), np.float32), verbose=0)
 
 
 @check(*BOTH)

@@ -28,6 +28,20 @@ from hora import (
 from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum
 from hora.keras import callbacks as callbacks
 from hora.keras import elastic as elastic  # hvd.elastic
+from hora.tensorflow import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+    start_timeline,
+    stop_timeline,
+)
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.functions import allgather_object, broadcast_object
 from hora.tensorflow.keras._impl import (
@@ -42,8 +56,11 @@ from hora.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistrib
 
 
 def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
-               compression: Any = Compression.none) -> Any:  # fmt: skip
-    """``keras.models.load_model`` whose optimizer comes back distributed, state kept."""
+               compression: Any = Compression.none, legacy_opts: bool = False) -> Any:  # fmt: skip
+    """``keras.models.load_model`` whose optimizer comes back distributed, state kept.
+
+    ``legacy_opts`` is Horovod's switch to tf_keras' legacy optimizers; hora wraps whatever
+    optimizer class the file names, legacy or not, so it changes nothing."""
     import keras
 
     return _load_model(keras, filepath, custom_optimizers, custom_objects, compression)
@@ -56,4 +73,7 @@ __all__ = [
     "allreduce", "broadcast", "broadcast_global_variables", "broadcast_object", "callbacks",
     "cross_rank", "cross_size", "global_process_set", "init", "is_initialized", "load_model",
     "local_rank", "local_size", "rank", "reducescatter", "remove_process_set", "shutdown", "size",
+    "ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built", "start_timeline",
+    "stop_timeline",
 ]  # fmt: skip

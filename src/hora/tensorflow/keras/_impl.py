@@ -22,7 +22,24 @@ from hora.tensorflow.gradients import GradientReducer, variable_key
 from hora.tensorflow.keras.optimizer import make_distributed
 
 
-# -- values (Horovod's keras-level collectives return NumPy values) -------------------------
+# -- values ---------------------------------------------------------------------------------
+# Horovod's Keras-level collectives take a value (anything ``tf.constant`` takes) and return the
+# collective's result: eagerly (TensorFlow 2) the result tensor, in a TensorFlow 1 graph the
+# NumPy value of the op run in the Keras session.
+def _session() -> Any:
+    """The Keras backend's session (tf_keras), else the default one, else a new one."""
+    get_session = getattr(getattr(tf.compat.v1.keras, "backend", None), "get_session", None)
+    if get_session is not None:
+        return get_session()
+    return tf.compat.v1.get_default_session() or tf.compat.v1.Session()
+
+
+def _eval(result: Any) -> Any:
+    if tf.executing_eagerly():
+        return result
+    return _session().run(result)
+
+
 def allreduce(
     value: Any,
     name: str | None = None,
@@ -31,41 +48,41 @@ def allreduce(
     postscale_factor: float = 1.0,
     op: int | None = None,
     compression: Any = Compression.none,
-) -> np.ndarray:
+) -> Any:
     from hora.tensorflow.mpi_ops import allreduce as tf_allreduce
 
-    out = tf_allreduce(tf.constant(value), average=average, compression=compression, op=op,
-                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                       name=name)  # fmt: skip
-    return np.asarray(out)
+    out = tf_allreduce(tf.constant(value, name=name), average=average, compression=compression,
+                       op=op, prescale_factor=prescale_factor,
+                       postscale_factor=postscale_factor, name=name)  # fmt: skip
+    return _eval(out)
 
 
-def allgather(value: Any, name: str | None = None) -> np.ndarray:
+def allgather(value: Any, name: str | None = None) -> Any:
     from hora.tensorflow.mpi_ops import allgather as tf_allgather
 
-    return np.asarray(tf_allgather(tf.constant(value), name=name))
+    return _eval(tf_allgather(tf.constant(value, name=name), name=name))
 
 
-def broadcast(value: Any, root_rank: int, name: str | None = None) -> np.ndarray:
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
     from hora.tensorflow.mpi_ops import broadcast as tf_broadcast
 
-    return np.asarray(tf_broadcast(tf.constant(value), root_rank, name=name))
+    return _eval(tf_broadcast(tf.constant(value, name=name), root_rank, name=name))
 
 
-def reducescatter(value: Any, name: str | None = None, op: int = Average) -> np.ndarray:
+def reducescatter(value: Any, name: str | None = None, op: int = Average) -> Any:
     from hora.tensorflow.mpi_ops import reducescatter as tf_reducescatter
 
-    return np.asarray(tf_reducescatter(tf.constant(value), op=op, name=name))
+    return _eval(tf_reducescatter(tf.constant(value, name=name), op=op, name=name))
 
 
-def broadcast_global_variables(root_rank: int) -> None:
-    """Keras 2's TF1-session broadcast; in TensorFlow 2 use the callback or
-    ``broadcast_variables``."""
-    raise RuntimeError(
-        "broadcast_global_variables needs a TensorFlow 1 session; with TensorFlow 2 use "
-        "hvd.callbacks.BroadcastGlobalVariablesCallback(0) in model.fit, or "
-        "hvd.broadcast_variables(model.variables, root_rank=0)"
-    )
+def broadcast_global_variables(root_rank: int) -> Any:
+    """TensorFlow 1 graphs: broadcast every global variable from ``root_rank`` (run in the
+    Keras session). Eagerly it raises ``RuntimeError``: use
+    ``hvd.callbacks.BroadcastGlobalVariablesCallback(0)`` in ``model.fit`` or
+    ``hvd.broadcast_variables(model.variables, root_rank=0)``."""
+    from hora.tensorflow.functions import broadcast_global_variables as tf_broadcast_globals
+
+    return _eval(tf_broadcast_globals(root_rank))
 
 
 def load_model(keras: Any, filepath: Any, custom_optimizers: Any = None,

@@ -14,12 +14,13 @@ Keras runs the train step (eager or inside its tf.function).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import tensorflow as tf
 
 from hora import global_process_set
-from hora.frameworks.ops import Average
+from hora.frameworks.ops import Average, Sum
 from hora.tensorflow.compression import Compression
 from hora.tensorflow.gradients import GradientReducer, local_layer_variables
 from hora.tensorflow.keras.aggregation import GradientAggregator
@@ -30,6 +31,11 @@ _CLASSES: dict[type, type] = {}
 def _is_keras3(cls: type) -> bool:
     return any(c.__module__.startswith("keras.") and c.__name__ == "BaseOptimizer"
                for c in cls.__mro__)  # fmt: skip
+
+
+def _is_tf_keras_legacy(cls: type) -> bool:
+    """A ``tf_keras.optimizers.legacy`` optimizer class (``OptimizerV2``)."""
+    return any(c.__name__ == "OptimizerV2" for c in cls.__mro__)
 
 
 def _keras3_apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
@@ -90,7 +96,8 @@ def _legacy_compute_gradients(self: Any, loss: Any, var_list: Any, tape: Any = N
 
 
 def _legacy_get_gradients(self: Any, loss: Any, params: Any) -> list[Any]:
-    """The legacy optimizer's graph-mode ``get_gradients``, reduced: tensors, in order."""
+    """The optimizer class's own ``get_gradients`` (the legacy optimizers' graph-mode one, or
+    a subclass's), reduced: tensors, in order."""
     grads = super(self._hora_class, self).get_gradients(loss, params)
     out = self._hora_process(list(grads), list(tf.nest.flatten(params)))
     self._hora_computed = True
@@ -126,13 +133,15 @@ def distributed_class(base: type) -> type:
             body["apply"] = _keras3_apply
         else:
             body["apply_gradients"] = _tf_keras_apply_gradients
-            if hasattr(base, "get_gradients"):  # tf_keras.optimizers.legacy
+            if _is_tf_keras_legacy(base):
                 body["_compute_gradients"] = _legacy_private_compute_gradients
                 body["compute_gradients"] = _legacy_compute_gradients
-                body["get_gradients"] = _legacy_get_gradients
             else:
                 body["compute_gradients"] = _tf_keras_compute_gradients
                 body["_compute_gradients"] = _tf_keras_private_compute_gradients
+            # the legacy optimizers' own, or one a subclass of a current optimizer defines
+            if hasattr(base, "get_gradients"):
+                body["get_gradients"] = _legacy_get_gradients
         body["__qualname__"] = base.__qualname__
         cls = type(base.__name__, (base,), body)
         cls._hora_class = cls
@@ -177,6 +186,18 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     ``gradient_accumulation_steps`` and reduce every pass. ``opt.register_local_var(var)``
     keeps ``var``'s gradients local (divided by the set's size with ``scale_local_gradients``).
     """
+    if op != Average and op != Sum:
+        raise ValueError(
+            "op currently only supports Average and Sum: a Keras DistributedOptimizer averages "
+            "or sums the gradients (for Adasum use hora.tensorflow.DistributedGradientTape)"
+        )
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        if groups is None:
+            groups, num_groups = num_groups, 0
+    if groups is not None and not (isinstance(groups, list) or groups > 0):
+        raise ValueError("groups should be a positive integer or a list of lists of variables")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be >= 1")
     reducer = GradientReducer(
