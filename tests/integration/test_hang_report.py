@@ -26,7 +26,10 @@ def _hang(rank: int, shutdown: bool) -> str:
         hvd.allreduce(np.ones(4), name="grad.fc1")
         out = "completed"
     except Exception as e:  # the stall shutdown fails the pending op on every rank
-        out = f"{type(e).__name__}: {e}"
+        from hora.errors import HoraInternalError
+
+        kind = "HoraInternalError" if isinstance(e, HoraInternalError) else "not HoraInternalError"
+        out = f"{kind} ({type(e).__name__}): {e}"
     if not shutdown:
         hvd.shutdown()
     return out
@@ -57,7 +60,7 @@ def test_stall_shutdown_ends_the_job_with_the_report() -> None:
     env = {"HORA_STALL_CHECK_TIME_SECONDS": "1", "HORA_STALL_SHUTDOWN_TIME_SECONDS": "2"}
     results = spawn_ranks(_hang, 2, args=(True,), timeout=90, env=env)
     error = results[0].value
-    assert error.startswith("HoraInternalError"), error
+    assert error.startswith("HoraInternalError (ShutDownError)"), error
     assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in error
     _check_report(error)
     assert "hora hang report" in results[1].value  # rank 1's op fails with the same cause
