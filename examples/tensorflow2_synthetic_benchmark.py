@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-iters", type=int, default=10, help="number of benchmark iterations")
     p.add_argument("--mwms", action="store_true", default=False,
                    help="use tf.distribute.MultiWorkerMirroredStrategy instead of hora")
+    p.add_argument("--num-groups", type=int, default=0,
+                   help="reduce the gradients in this many grouped allreduces (0: one), so the "
+                        "first can start while the backward pass computes the rest")
     p.add_argument("--num-threads", type=int, default=1,
                    help="TensorFlow threads per rank (0 keeps TensorFlow's default)")
     return p.parse_args(argv)
@@ -141,7 +144,8 @@ def main(args: argparse.Namespace) -> None:
         def step() -> None:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(loss_of(target, model(data, training=True)))
-            tape = hvd.DistributedGradientTape(tape, compression=compression)
+            tape = hvd.DistributedGradientTape(tape, compression=compression,
+                                               num_groups=args.num_groups)
             grads = tape.gradient(loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables))
 
