@@ -15,6 +15,7 @@ tf.function.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,18 @@ def _check_groups(num_groups: int, groups: Any) -> None:
             raise ValueError("groups must be a non-negative integer")
     if num_groups < 0:
         raise ValueError("num_groups must be a non-negative integer")
+
+
+def deprecated_num_groups(num_groups: int, groups: Any, warning: str) -> tuple[int, Any]:
+    """Horovod's deprecated ``num_groups``: a non-zero one warns (``warning``, a
+    DeprecationWarning at the caller's caller) and, without ``groups``, becomes ``groups``.
+    Returns ``(num_groups, groups)``: ``(0, num_groups)`` where it was moved, else both as given.
+    """
+    if num_groups != 0:
+        warnings.warn(warning, DeprecationWarning, stacklevel=3)
+        if groups is None:
+            return 0, num_groups
+    return num_groups, groups
 
 
 class GradientReducer:

@@ -17,7 +17,6 @@ when the session runs the train op (eager: in the caller's thread).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import tensorflow as tf
@@ -25,7 +24,7 @@ import tensorflow as tf
 from hora import global_process_set
 from hora.frameworks.ops import Adasum, Average
 from hora.tensorflow.compression import Compression
-from hora.tensorflow.gradients import GradientReducer
+from hora.tensorflow.gradients import GradientReducer, deprecated_num_groups
 from hora.tensorflow.mpi_ops import ProcessSet
 
 
@@ -35,29 +34,20 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     def __init__(
         self,
         optimizer: tf.compat.v1.train.Optimizer,
+        reducer: GradientReducer,
         name: str | None = None,
         use_locking: bool = False,
-        device_dense: str = "",
-        device_sparse: str = "",
-        compression: Any = Compression.none,
         sparse_as_dense: bool = False,
-        op: int = Average,
-        gradient_predivide_factor: float = 1.0,
         backward_passes_per_step: int = 1,
         average_aggregated_gradients: bool = False,
-        groups: Any = None,
-        process_set: ProcessSet = global_process_set,
         scale_local_gradients: bool = True,
     ) -> None:
         if name is None:
             name = f"Distributed{type(optimizer).__name__}"
         super().__init__(use_locking=use_locking, name=name)
         self._optimizer = optimizer
-        self.process_set = global_process_set if process_set is None else process_set
-        self._reducer = GradientReducer(
-            compression, sparse_as_dense, op, gradient_predivide_factor, 0, groups,
-            self.process_set,
-        )  # fmt: skip
+        self.process_set = reducer.process_set
+        self._reducer = reducer
         self.scale_local_gradients = scale_local_gradients
         self._local_vars: set[Any] = set()
         self._agg: _LocalAggregation | None = None
@@ -255,14 +245,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         raise ValueError("Adasum does not support average_aggregated_gradients == True")
     if backward_passes_per_step < 1:
         raise ValueError("backward_passes_per_step must be > 0")
-    if num_groups != 0:
-        warnings.warn(
-            "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        if groups is None:
-            groups = num_groups
+    _, groups = deprecated_num_groups(
+        num_groups, groups,
+        "Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+    )  # fmt: skip
     if groups is not None and not (isinstance(groups, list) or (
             isinstance(groups, int) and not isinstance(groups, bool) and groups > 0)):  # fmt: skip
         raise ValueError(
@@ -274,13 +260,14 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
             "not available in hora; use op=hvd.Average, or reduce with Adasum through "
             "hvd.DistributedGradientTape(tape, op=hvd.Adasum) in TensorFlow 2"
         )
+    reducer = GradientReducer(
+        compression, sparse_as_dense, op, gradient_predivide_factor, 0, groups, process_set,
+    )  # fmt: skip
     return _DistributedOptimizer(
-        optimizer, name=name, use_locking=use_locking, compression=compression,
-        sparse_as_dense=sparse_as_dense, op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
+        optimizer, reducer, name=name, use_locking=use_locking, sparse_as_dense=sparse_as_dense,
         backward_passes_per_step=backward_passes_per_step,
-        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
-        process_set=process_set, scale_local_gradients=scale_local_gradients,
+        average_aggregated_gradients=average_aggregated_gradients,
+        scale_local_gradients=scale_local_gradients,
     )  # fmt: skip
 
 

@@ -14,7 +14,6 @@ Keras runs the train step (eager or inside its tf.function).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import tensorflow as tf
@@ -22,7 +21,11 @@ import tensorflow as tf
 from hora import global_process_set
 from hora.frameworks.ops import Average, Sum
 from hora.tensorflow.compression import Compression
-from hora.tensorflow.gradients import GradientReducer, local_layer_variables
+from hora.tensorflow.gradients import (
+    GradientReducer,
+    deprecated_num_groups,
+    local_layer_variables,
+)
 from hora.tensorflow.keras.aggregation import GradientAggregator
 
 _CLASSES: dict[type, type] = {}
@@ -191,11 +194,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
             "op currently only supports Average and Sum: a Keras DistributedOptimizer averages "
             "or sums the gradients (for Adasum use hora.tensorflow.DistributedGradientTape)"
         )
-    if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed",
-                      DeprecationWarning, stacklevel=2)  # fmt: skip
-        if groups is None:
-            groups, num_groups = num_groups, 0
+    num_groups, groups = deprecated_num_groups(
+        num_groups, groups,
+        "Parameter `num_groups` has been replaced by `groups` and will be removed",
+    )  # fmt: skip
     if groups is not None and not (isinstance(groups, list) or groups > 0):
         raise ValueError("groups should be a positive integer or a list of lists of variables")
     if backward_passes_per_step < 1:
