@@ -333,16 +333,19 @@ class Engine(DirectRounds):
         for ms in list(self.members.values()):
             if ms.direct.active and ms.table and not (self._closing or self._stop_requested):
                 self._round(ms)
-        if self.coordinator is not None:
+        if self.coordinator is not None and not self._closing:  # nothing new after shutdown
             self._coordinate()
         self._execute_inbox()
         if self._stop_requested and not self._closing:
             self._begin_shutdown()
-            self._deadline = time.monotonic() + 10.0
-        if self._closing and (
-            self.rank != 0 or len(self._gone) >= self.size - 1 or time.monotonic() > self._deadline
-        ):
-            raise _Stop()
+        if self._closing:
+            for ms in self.members.values():
+                if ms.direct.active:  # the members that wait in a round give up
+                    self._withdraw(ms)
+            if self.rank != 0 or len(self._gone) >= self.size - 1 or (
+                time.monotonic() > self._deadline
+            ):
+                raise _Stop()
         if self._stall is not None:
             self._stall.check()
 
@@ -557,8 +560,13 @@ class Engine(DirectRounds):
                 self.timeline.mark("AUTOTUNE", self._tuner.trials[-1])
 
     def _begin_shutdown(self) -> None:
-        self._closing = self.rank == 0
+        """Rank 0: tell every rank the job ends (once); any other rank: say goodbye to rank 0
+        (once), which then does so. Responses sent before stay in order before it."""
         if self.rank == 0:
+            if self._closing:
+                return
+            self._closing = True
+            self._deadline = time.monotonic() + 10.0  # for the others' goodbyes
             if self._left is None:
                 self._left = (0, self._how)
             msg: dict[str, Any] = {"t": "shutdown", "left": self._left[0]}

@@ -19,6 +19,13 @@ mode*. From then on a member with work does *rounds* instead of sending requests
 A member with work left is always in a round, and a member that has none takes part in the
 next one as soon as it has some, so every member takes part in every round, in order, and the
 headers travel on the set's data connections between two collectives, never inside one.
+
+Shutdown: a round whose headers were all sent is agreed, and runs on every member, even when
+rank 0 shut down meanwhile (its shutdown message may reach a member before a peer's header
+does). So a member in a round waits for every header, shutdown or not, and a member that
+shuts down outside a round answers the next round with a ``STOP`` header (:meth:`_withdraw`):
+a round with a ``STOP`` header runs nowhere, and its ops fail with the shutdown error. Every
+member shuts down soon after rank 0 does, so no round waits for long.
 Mismatches cannot slip through: a request that differs from its cached spec is a cache miss,
 which ends direct mode, and the coordinator reports it naming both sides.
 
@@ -59,6 +66,7 @@ OTHER = 1  # the header's flag: this member holds work a round cannot settle
 DATA = 2  # the header's flag: the input of its one tensor follows the ids (two members)
 SHARED = 4  # the header's flag: the input of its one tensor lies in a shared exchange slot
 SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
+STOP = 16  # the header's flag: this member shuts down; the round it answers does not run
 _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, then any data
 
 Header = tuple[int, list[int], bytes]  # flags, cache ids, data
@@ -217,6 +225,7 @@ class DirectRounds:
     def _wake(self) -> None: ...
     def _woken(self) -> None: ...
     def _run(self, ms: MemberState, responses: list[Response]) -> None: ...
+    def _begin_shutdown(self) -> None: ...
     def _send_requests(self, ps_id: int, full: list[Any], hits: list[int]) -> None: ...
     def _read_control(self, peer: int, forget: Callable[[], None]) -> None: ...
     def _peer_gone(self, peer: int) -> TransportError:
@@ -309,7 +318,9 @@ class DirectRounds:
             flags |= DATA
             data = mine.tobytes()
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
-        if headers is None:  # this rank is shutting down: the loop goes on to do so
+        if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
+            ms.direct.leave()
+            ms.sent, ms.ready, ms.other = set(), {}, False
             return
         if mine is not None and spec is not None:
             theirs = headers[1 - ms.comm.rank]
@@ -362,9 +373,32 @@ class DirectRounds:
             req = spec.request
             tl.end(name, req.dtype, req.shape, 0)
 
-    def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header] | None:
+    def _withdraw(self, ms: MemberState) -> None:
+        """This rank shuts down outside a round: it answers the next round with ``STOP``
+        (members that wait in it give up) and leaves direct mode; its held work fails."""
+        comm = ms.comm
+        pairs = [p for _, p in ms.peers.values()] if ms.peers is not None else None
+        if pairs is None:  # no round yet: a peer that waits in one connected already
+            pairs = []
+            for p in range(comm.size):
+                if p != comm.rank:
+                    try:
+                        pairs.append(comm.pair(p))
+                    except TransportError:
+                        continue  # a peer that is gone waits for nothing
+        stop = encode_header([], STOP)
+        for pair in pairs:
+            try:
+                pair.send_msg(stop)
+            except TransportError:
+                continue  # a peer that is gone waits for nothing
+        ms.direct.leave()
+        ms.sent, ms.ready, ms.other = set(), {}, False
+
+    def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header]:
         """Send this member's header to the others and wait for theirs, serving control
-        messages and wake-ups meanwhile; None if this rank began to shut down."""
+        messages and wake-ups meanwhile. A shutdown does not end the wait: every other member
+        sends its header for this round, or ``STOP`` once it shuts down."""
         comm = ms.comm
         headers: list[Any] = [None] * comm.size
         headers[comm.rank] = own
@@ -402,8 +436,8 @@ class DirectRounds:
                         self._woken()
                     elif fd in ctrl:
                         self._read_control(ctrl[fd], partial(self._forget, ms, fd))
-                if waiting and (self._closing or self._stop_requested):
-                    return None
+                if waiting and self._stop_requested:
+                    self._begin_shutdown()  # rank 0 tells the others; the others, rank 0
                 if waiting:
                     missing = [comm.ranks[p] for p, _ in waiting.values()]
                     warned = self._direct_stall(ms, missing, since, warned)
