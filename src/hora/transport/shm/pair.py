@@ -505,6 +505,11 @@ class ShmPair:
     def _ack(self) -> None:
         try:
             self._in.sock.sendall(_ACK)
+        except (BrokenPipeError, ConnectionResetError):
+            # The sender closed its end: a staged send is done once written, so a peer that
+            # finished its op may leave before its last slots are read. What it sent arrived;
+            # the next read reports it gone.
+            pass
         except OSError as e:
             raise self._fail(e) from e
 
