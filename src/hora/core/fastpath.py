@@ -378,7 +378,7 @@ class DirectRounds:
         (members that wait in it give up) and leaves direct mode; its held work fails."""
         comm = ms.comm
         pairs = [p for _, p in ms.peers.values()] if ms.peers is not None else None
-        if pairs is None:  # no round yet: a peer that waits in one connected already
+        if pairs is None:  # no round yet: a peer waiting in one needs this end of its pair
             pairs = []
             for p in range(comm.size):
                 if p != comm.rank:
