@@ -1,11 +1,12 @@
 """TensorFlow 1 graphs and sessions: broadcasting variables as one op, and the session hook.
 
 ``broadcast_group_op`` builds, in the default graph, one op that assigns ``root_rank``'s values
-to a list of variables: every value travels in one hora op (one bridge call), so a
-``session.run`` of it holds a single hora op. ``broadcast_global_variables`` is that op over
-``tf.compat.v1.global_variables()``; ``BroadcastGlobalVariablesHook`` builds it when a
-``MonitoredTrainingSession`` begins and runs it once the session exists (after the variables
-were initialised or restored from a checkpoint), so every rank starts from the root's values.
+to a list of variables: ``broadcast_``'s TF1 form, grouped (every value travels in one bridge
+call), so a ``session.run`` of it holds a single hora op. ``broadcast_global_variables`` is
+that op over ``tf.compat.v1.global_variables()``; ``BroadcastGlobalVariablesHook`` builds it
+when a ``MonitoredTrainingSession`` begins and runs it once the session exists (after the
+variables were initialised or restored from a checkpoint), so every rank starts from the root's
+values.
 
 Graph building runs in the caller's thread; the op runs in a TensorFlow executor thread when a
 session runs it, and blocks it until every rank of the set has run it too.
@@ -19,8 +20,7 @@ from typing import Any
 import tensorflow as tf
 
 from hora import global_process_set
-from hora.tensorflow.adapter import as_tensor
-from hora.tensorflow.mpi_ops import ProcessSet, _broadcast_group
+from hora.tensorflow.mpi_ops import ProcessSet, broadcast_
 
 EAGER_ERROR = (
     "hvd.broadcast_global_variables() does not support eager execution. "
@@ -38,14 +38,8 @@ def broadcast_group_op(
     vs = list(variables)
     if not vs:
         return tf.no_op(name="HoraBroadcastNothing")
-    for i, v in enumerate(vs):
-        if not hasattr(v, "assign"):
-            raise TypeError(f"broadcast needs variables; item {i} is a {type(v).__name__}")
-    values = _broadcast_group(
-        [as_tensor(v, f"variables[{i}] ({v.name})") for i, v in enumerate(vs)],
-        int(root_rank), name, process_set,
-    )  # fmt: skip
-    return tf.group(*[v.assign(x) for v, x in zip(vs, values)], name="HoraBroadcastVariables")
+    assigned = broadcast_(vs, int(root_rank), name, process_set)  # evaluating them assigns
+    return tf.group(*assigned, name="HoraBroadcastVariables")
 
 
 def broadcast_global_variables(root_rank: int) -> tf.Operation:

@@ -398,8 +398,8 @@ def broadcast_(
         if not hasattr(v, "assign"):
             raise TypeError(f"broadcast_ needs variables; item {i} is a {type(v).__name__}")
     values = _broadcast_group(
-        [as_tensor(v, f"variables[{i}]") for i, v in enumerate(vs)], int(root_rank), name,
-        process_set,
+        [as_tensor(v, f"variables[{i}] ({getattr(v, 'name', '?')})") for i, v in enumerate(vs)],
+        int(root_rank), name, process_set,
     )  # fmt: skip
     if tf.executing_eagerly() or tf.inside_function():
         for v, val in zip(vs, values):
