@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hora.tensorflow.errors import error_code, graph_message, make, raise_code, translated
+from hora.tensorflow.errors import error_code, graph_message, make, translated
 
 SUPPORTED = frozenset(
     {
@@ -191,13 +191,11 @@ def _split_nodes(
 
     def check(sent: np.int64, received: np.int64, code: np.int32, message: bytes) -> np.int64:
         if code:
-            raise_code(int(code), message.decode(errors="replace"))
+            raise make(int(code), message.decode(errors="replace"))
         if sent != received:
-            raise_code(
-                error_code(None),
-                f"{what} {node[0]!r}: the result that arrived belongs to an earlier "
-                "session.run that was cancelled; run the step again",
-            )
+            stale = make(tf.errors.ABORTED, f"{what} {node[0]!r}: the result that arrived "
+                         "belongs to an earlier session.run that was cancelled; run the step again")
+            raise make(tf.errors.ABORTED, graph_message(stale))  # marked: arrives as Aborted
         return np.int64(0)
 
     ok = tf.numpy_function(check, [ticket, got_ticket, code, message], tf.int64, stateful=True,

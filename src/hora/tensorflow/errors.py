@@ -57,9 +57,9 @@ _BY_CODE: dict[int, type[tf.errors.OpError]] = {
 }
 
 
-def error_code(e: BaseException | None) -> int:
-    """TensorFlow's code for ``e`` (None: a result from a cancelled run, ABORTED)."""
-    if e is None or isinstance(e, ShutDownError):
+def error_code(e: BaseException) -> int:
+    """TensorFlow's code for ``e``."""
+    if isinstance(e, ShutDownError):
         return tf.errors.ABORTED
     if isinstance(e, tf.errors.OpError):
         return int(e.error_code)
@@ -78,11 +78,6 @@ def make(code: int, message: str) -> tf.errors.OpError:
     if cls is None:
         return tf.errors.UnknownError(None, None, message)
     return cls(None, None, message)
-
-
-def raise_code(code: int, message: str) -> None:
-    """Raise ``make(code, message)`` (used inside graph nodes)."""
-    raise make(code, message)
 
 
 def graph_message(e: BaseException) -> str:
@@ -157,7 +152,7 @@ def install() -> None:
 
 __all__ = [
     "AbortedError", "FailedPreconditionError", "InvalidArgumentError", "UnknownError",
-    "error_code", "graph_message", "install", "make", "raise_code", "retyped", "translated",
+    "error_code", "graph_message", "install", "make", "retyped", "translated",
 ]  # fmt: skip
 
 install()

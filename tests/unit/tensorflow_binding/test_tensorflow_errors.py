@@ -43,6 +43,10 @@ def test_a_marked_failure_inside_a_graph_arrives_as_its_class() -> None:
 
     message = errors.graph_message(MismatchError("shapes differ"))
     assert message.startswith(errors.MARK) and "(tf.errors.FailedPreconditionError)" in message
+    stale = errors.make(tf.errors.ABORTED, "a result from a cancelled run")  # the check node's
+    assert "(tf.errors.AbortedError)" in errors.graph_message(stale)
+    unknown = tf.errors.UnknownError(None, None, errors.graph_message(stale))
+    assert isinstance(errors.retyped(unknown), tf.errors.AbortedError)
 
     def fail(x: np.ndarray) -> np.ndarray:
         raise errors.make(tf.errors.FAILED_PRECONDITION, message)
