@@ -59,7 +59,15 @@ def test_a_framework_that_cannot_be_loaded_is_reported_in_one_line(tmp_path) -> 
     (fake / "__init__.py").write_text(
         "raise OSError('libtorch_cpu.so: cannot open shared object file: No such file')\n"
     )
+    # the plain check reads files: a torch package without its compiled core is not loadable
     done = _run_check(["check"], {"PREPEND": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if "PyTorch:" in ln)
+    assert "[!]" in line and "torch/_C" in line and str(fake) in line
+    # --load imports it in a child process and reports the import's own error
+    (fake / "_C.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    done = _run_check(["check", "--load"], {"PREPEND": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     line = next(ln for ln in done.stdout.splitlines() if "PyTorch:" in ln)
