@@ -75,7 +75,7 @@ def _arriving_torch(rank: int) -> dict[str, object]:
     import torch
 
     import hora.torch as hvd
-    from hora.torch import adapter, mpi_ops
+    from hora.torch import adapter, async_ops
     from hora.torch.device import FakeCudaRuntime
 
     fake = FakeCudaRuntime()
@@ -94,8 +94,8 @@ def _arriving_torch(rank: int) -> dict[str, object]:
         return s
 
     fake.event_synchronize = recording_sync  # type: ignore[method-assign]
-    mpi_ops.stage = stage  # CPU tensors stand in for CUDA ones
-    mpi_ops.to_tensor = lambda a, like, runtime=None: adapter.to_device(a, like, fake)
+    async_ops.stage = stage  # CPU tensors stand in for CUDA ones
+    async_ops.to_tensor = lambda a, like, runtime=None: adapter.to_device(a, like, fake)
 
     def produced(value: float, shape: tuple[int, ...], dtype: torch.dtype = torch.float32
                  ) -> torch.Tensor:  # fmt: skip

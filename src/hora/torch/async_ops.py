@@ -1,11 +1,12 @@
-"""horovod.torch's collectives on torch tensors: async, in-place, grouped, sparse and control.
+"""The primitive layer of hora.torch's collectives: async, in-place, grouped, sparse, control.
 
 Each function is a thin adapter over ``hora.frameworks.ops``: it stages the tensors
 (``hora.torch.adapter``: a NumPy view of CPU memory, a pinned host copy for CUDA whose wait the
 engine does, or the CUDA tensor itself when the job's backend takes device buffers), calls the
 op with ``dtype=`` for bfloat16 and a ``finalize=`` that turns the result into a tensor, and
 returns the op's handle, which ``poll``/``synchronize`` accept (as does its ``int``). The blocking,
-differentiable forms (``allreduce``, ``allgather``, ...) live in ``hora.torch.autograd``.
+differentiable forms (``allreduce``, ``allgather``, ...) live in ``hora.torch.autograd``, built on
+this module; ``hora.torch.mpi_ops`` (Horovod's module name) gathers both layers for scripts.
 
 Submission runs in the caller's thread and validates eagerly; finalizers run in the engine thread.
 Thread-safe as the op surface is.
@@ -21,34 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hora import (  # Horovod's mpi_ops holds the lifecycle and topology calls too
-    add_process_set,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from hora.core.process_sets import ProcessSet  # Horovod's scripts import it from here too
-from hora.errors import HoraInternalError, HorovodInternalError
+from hora import global_process_set
+from hora.core.process_sets import ProcessSet
+from hora.errors import HoraInternalError
 from hora.frameworks import ops
 from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum
 from hora.frameworks.submit import engine_waits
@@ -158,6 +134,7 @@ def allreduce_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
     priority: int = 0,
 ) -> Handle:
     """Start reducing ``tensor`` over the set; the handle's result is a new tensor."""
@@ -176,6 +153,7 @@ def allreduce_async_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
     priority: int = 0,
 ) -> Handle:
     """Start reducing ``tensor`` in place; the handle's result is ``tensor`` itself."""
@@ -194,12 +172,13 @@ def allreduce_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
     priority: int = 0,
 ) -> torch.Tensor:
     """Reduce ``tensor`` in place and return it (not differentiable)."""
     op = reduce_op(average, op)
     h = allreduce_async_(
-        tensor, None, name, op, prescale_factor, postscale_factor, process_set, priority
+        tensor, None, name, op, prescale_factor, postscale_factor, process_set, priority=priority
     )
     return synchronize(h)
 
@@ -212,6 +191,7 @@ def grouped_allreduce_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
     priority: int = 0,
 ) -> Handle:
     """Start reducing a list of tensors as one unit; the result is a list of new tensors."""
@@ -231,6 +211,7 @@ def grouped_allreduce_async_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
     priority: int = 0,
 ) -> Handle:
     """Start reducing a list of tensors in place; the result is the same list of tensors."""
@@ -250,13 +231,21 @@ def grouped_allreduce_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
     priority: int = 0,
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors in place and return them (not differentiable)."""
     op = reduce_op(average, op)
     return synchronize(
         grouped_allreduce_async_(
-            tensors, None, name, op, prescale_factor, postscale_factor, process_set, priority
+            tensors,
+            None,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            priority=priority,
         )
     )
 
@@ -456,9 +445,10 @@ def synchronize(handle: Handle | int) -> Any:
         raise HoraInternalError(str(e)) from e
 
 
-def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
+def join(device: int = -1, *, process_set: ProcessSet = global_process_set) -> int:
     """Say this rank has no more data; returns the rank that joined last. ``device`` is
-    accepted for compatibility (hora joins on the host)."""
+    accepted for compatibility (hora joins on the host); ``process_set`` (keyword-only) is
+    hora's addition."""
     return ops.join(process_set)
 
 
@@ -494,31 +484,4 @@ __all__ = [
     "join",
     "barrier",
     "reduce_op",
-    # Horovod's mpi_ops also holds these (the blocking ops are hora.torch's, from autograd)
-    "HorovodInternalError",
-    "ProcessSet",
-    "add_process_set",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "init",
-    "is_initialized",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "rank",
-    "remove_process_set",
-    "rocm_built",
-    "shutdown",
-    "size",
-    "start_timeline",
-    "stop_timeline",
 ]

@@ -6,7 +6,9 @@
 - alltoall: the gradient's rows go back where they came from (alltoall with the received splits).
 - reducescatter: the gradient is allgathered (and multiplied by the set's size for Sum).
 Grouped forms follow the same rules per tensor. Backward ops are named ``<name>.grad`` when the
-forward op was named, so ranks agree on them.
+forward op was named, so ranks agree on them. The ``torch.autograd.Function`` classes carry
+Horovod's names (``HorovodAllreduce``, ...) and ``apply`` argument orders. Built on
+``hora.torch.async_ops``; ``hora.torch.mpi_ops`` re-exports this module.
 
 Runs in the caller's thread (forward) and in autograd's backward thread; blocking.
 """
@@ -22,8 +24,7 @@ from torch.autograd import Function
 import hora
 from hora import global_process_set
 from hora.frameworks.ops import Average, Sum
-from hora.torch.compression import Compression, Compressor
-from hora.torch.mpi_ops import (
+from hora.torch.async_ops import (
     ProcessSet,
     allgather_async,
     allreduce_async,
@@ -36,6 +37,7 @@ from hora.torch.mpi_ops import (
     reducescatter_async,
     synchronize,
 )
+from hora.torch.compression import Compression, Compressor
 
 
 def _grad_name(name: str | None) -> str | None:
@@ -59,23 +61,33 @@ def _rows(t: torch.Tensor) -> int:
     return int(t.shape[0]) if t.ndim else 1
 
 
-class _Allreduce(Function):
+class HorovodAllreduce(Function):
+    """``apply(tensor, average, name, op, prescale, postscale, process_set[, priority])``."""
+
     @staticmethod
-    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set, priority=0):  # type: ignore[override]
+    def forward(ctx: Any, tensor, average, name, op, prescale, postscale, process_set, priority=0):  # type: ignore[override]
+        op = reduce_op(average, op)
         ctx.args = (name, op, prescale, postscale, process_set, priority)
-        h = allreduce_async(tensor, None, name, op, prescale, postscale, process_set, priority)
+        h = allreduce_async(
+            tensor, None, name, op, prescale, postscale, process_set, priority=priority
+        )
         return synchronize(h)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
         name, op, prescale, postscale, ps, priority = ctx.args
-        g = _Allreduce.apply(grad, _grad_name(name), op, prescale, postscale, ps, priority)
-        return g, None, None, None, None, None, None
+        g = HorovodAllreduce.apply(
+            grad, None, _grad_name(name), op, prescale, postscale, ps, priority
+        )
+        return g, None, None, None, None, None, None, None
 
 
-class _GroupedAllreduce(Function):
+class HorovodGroupedAllreduce(Function):
+    """``apply(average, name, op, prescale, postscale, process_set, *tensors)``."""
+
     @staticmethod
-    def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+    def forward(ctx: Any, average, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+        op = reduce_op(average, op)
         ctx.args = (name, op, prescale, postscale, process_set)
         h = grouped_allreduce_async(tensors, None, name, op, prescale, postscale, process_set)
         return tuple(synchronize(h))
@@ -83,11 +95,13 @@ class _GroupedAllreduce(Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor):  # type: ignore[override]
         name, op, prescale, postscale, ps = ctx.args
-        reduced = _GroupedAllreduce.apply(_grad_name(name), op, prescale, postscale, ps, *grads)
-        return (None, None, None, None, None, *reduced)
+        reduced = HorovodGroupedAllreduce.apply(
+            None, _grad_name(name), op, prescale, postscale, ps, *grads
+        )
+        return (None, None, None, None, None, None, *reduced)
 
 
-class _Allgather(Function):
+class HorovodAllgather(Function):
     @staticmethod
     def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
         ctx.shape, ctx.rows, ctx.args = tensor.shape, _rows(tensor), (name, process_set)
@@ -96,12 +110,12 @@ class _Allgather(Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
         name, ps = ctx.args
-        reduced = _Allreduce.apply(grad, _grad_name(name), Average, 1.0, 1.0, ps, 0)
+        reduced = HorovodAllreduce.apply(grad, None, _grad_name(name), Average, 1.0, 1.0, ps, 0)
         (offset,) = _my_offsets([ctx.rows], name, ps)
         return reduced.narrow(0, offset, ctx.rows).reshape(ctx.shape), None, None
 
 
-class _GroupedAllgather(Function):
+class HorovodGroupedAllgather(Function):
     @staticmethod
     def forward(ctx: Any, name, process_set, *tensors):  # type: ignore[override]
         ctx.shapes = [t.shape for t in tensors]
@@ -112,7 +126,8 @@ class _GroupedAllgather(Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor):  # type: ignore[override]
         name, ps = ctx.args
-        reduced = _GroupedAllreduce.apply(_grad_name(name), Average, 1.0, 1.0, ps, *grads)
+        grad_name = _grad_name(name)
+        reduced = HorovodGroupedAllreduce.apply(None, grad_name, Average, 1.0, 1.0, ps, *grads)
         offsets = _my_offsets(ctx.rows, name, ps)
         return (None, None) + tuple(
             r.narrow(0, off, rows).reshape(shape)
@@ -120,7 +135,7 @@ class _GroupedAllgather(Function):
         )
 
 
-class _Broadcast(Function):
+class HorovodBroadcast(Function):
     @staticmethod
     def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
         ctx.args = (root_rank, name, process_set)
@@ -129,13 +144,13 @@ class _Broadcast(Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
         root_rank, name, ps = ctx.args
-        reduced = _Allreduce.apply(grad, _grad_name(name), Average, 1.0, 1.0, ps, 0)
+        reduced = HorovodAllreduce.apply(grad, None, _grad_name(name), Average, 1.0, 1.0, ps, 0)
         if hora.rank() != root_rank:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
 
 
-class _Alltoall(Function):
+class HorovodAlltoall(Function):
     @staticmethod
     def forward(ctx: Any, tensor, splits, name, process_set):  # type: ignore[override]
         output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
@@ -146,11 +161,11 @@ class _Alltoall(Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _grad_splits: Any):  # type: ignore[override]
         name, ps = ctx.args
-        back, _ = _Alltoall.apply(grad, ctx.received, _grad_name(name), ps)
+        back, _ = HorovodAlltoall.apply(grad, ctx.received, _grad_name(name), ps)
         return back, None, None, None
 
 
-class _Reducescatter(Function):
+class HorovodReducescatter(Function):
     @staticmethod
     def forward(ctx: Any, tensor, name, op, process_set, prescale, postscale):  # type: ignore[override]
         ctx.args = (name, op, process_set)
@@ -162,10 +177,10 @@ class _Reducescatter(Function):
         name, op, ps = ctx.args
         if op == Sum:
             grad = grad * _set(ps).size()
-        return _Allgather.apply(grad, _grad_name(name), ps), None, None, None, None, None
+        return HorovodAllgather.apply(grad, _grad_name(name), ps), None, None, None, None, None
 
 
-class _GroupedReducescatter(Function):
+class HorovodGroupedReducescatter(Function):
     @staticmethod
     def forward(ctx: Any, name, op, process_set, prescale, postscale, *tensors):  # type: ignore[override]
         ctx.args = (name, op, process_set)
@@ -177,7 +192,7 @@ class _GroupedReducescatter(Function):
         name, op, ps = ctx.args
         if op == Sum:
             grads = tuple(g * _set(ps).size() for g in grads)
-        gathered = _GroupedAllgather.apply(_grad_name(name), ps, *grads)
+        gathered = HorovodGroupedAllgather.apply(_grad_name(name), ps, *grads)
         return (None, None, None, None, None, *gathered)
 
 
@@ -191,12 +206,15 @@ def allreduce(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
+    *,
     priority: int = 0,
 ) -> torch.Tensor:
     """Reduce ``tensor`` over the set (default op Average); a new tensor, differentiable."""
     op = reduce_op(average, op)
     sent, ctx = compression.compress(tensor)
-    out = _Allreduce.apply(sent, name, op, prescale_factor, postscale_factor, process_set, priority)
+    out = HorovodAllreduce.apply(
+        sent, None, name, op, prescale_factor, postscale_factor, process_set, priority
+    )
     return compression.decompress(out, ctx)
 
 
@@ -213,7 +231,9 @@ def grouped_allreduce(
     """Reduce a list of tensors as one unit; new tensors, differentiable."""
     op = reduce_op(average, op)
     sent, ctxs = zip(*(compression.compress(t) for t in tensors)) if tensors else ((), ())
-    outs = _GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, process_set, *sent)
+    outs = HorovodGroupedAllreduce.apply(
+        None, name, op, prescale_factor, postscale_factor, process_set, *sent
+    )
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
@@ -221,7 +241,7 @@ def allgather(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0; differentiable."""
-    return _Allgather.apply(tensor, name, process_set)
+    return HorovodAllgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather(
@@ -229,7 +249,7 @@ def grouped_allgather(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
-    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 def broadcast(
@@ -239,7 +259,7 @@ def broadcast(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """``root_rank``'s tensor (``root_rank`` is a global rank), as a new tensor; differentiable."""
-    return _Broadcast.apply(tensor, root_rank, name, process_set)
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 def alltoall(
@@ -250,7 +270,7 @@ def alltoall(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Send ``splits[i]`` rows to rank i (equal blocks when None). Returns the received rows,
     or ``(output, received_splits)`` when ``splits`` was given; differentiable."""
-    output, received = _Alltoall.apply(tensor, splits, name, process_set)
+    output, received = HorovodAlltoall.apply(tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
@@ -265,7 +285,7 @@ def reducescatter(
 ) -> torch.Tensor:
     """Reduce ``tensor`` and keep this rank's block of dim 0; differentiable."""
     sent, ctx = compression.compress(tensor)
-    out = _Reducescatter.apply(sent, name, op, process_set, prescale_factor, postscale_factor)
+    out = HorovodReducescatter.apply(sent, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
 
 
@@ -279,13 +299,21 @@ def grouped_reducescatter(
     postscale_factor: float = 1.0,
 ) -> list[torch.Tensor]:
     sent, ctxs = zip(*(compression.compress(t) for t in tensors)) if tensors else ((), ())
-    outs = _GroupedReducescatter.apply(
+    outs = HorovodGroupedReducescatter.apply(
         name, op, process_set, prescale_factor, postscale_factor, *sent
     )
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
 __all__ = [
+    "HorovodAllgather",
+    "HorovodAllreduce",
+    "HorovodAlltoall",
+    "HorovodBroadcast",
+    "HorovodGroupedAllgather",
+    "HorovodGroupedAllreduce",
+    "HorovodGroupedReducescatter",
+    "HorovodReducescatter",
     "allreduce",
     "grouped_allreduce",
     "allgather",
