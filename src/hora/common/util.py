@@ -5,7 +5,10 @@ Horovod answers the ``*_built`` questions by loading its compiled extension for 
 in a child process; hora is pure Python, so the answers come from what is installed (the same
 answers ``hora.mpi_built()`` and friends give). ``gpu_available(ext_base_name)`` is True when
 ``hora.<ext_base_name>`` exists and its framework sees a GPU. Nothing here raises for a missing
-or broken framework: it answers False. Thread-safe (the caches are filled idempotently).
+or broken framework: it answers False. hora builds no extension against a framework version, so
+``check_installed_version`` never finds a mismatch, and ``check_extension`` asks whether hora's
+binding for the framework can be imported instead of looking for a compiled library. Thread-safe
+(the caches are filled idempotently).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import functools
 import importlib
 import importlib.util
 import os
-from collections.abc import Iterator
+import sysconfig
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 EXTENSIONS = ["tensorflow", "torch", "mxnet"]
@@ -121,11 +126,11 @@ def num_rank_is_power_2(num_rank: int) -> bool:
     return num_rank > 0 and num_rank & (num_rank - 1) == 0
 
 
-def split_list(items: list[Any], n: int) -> list[list[Any]]:
-    """``items`` in ``n`` consecutive chunks whose sizes differ by at most one."""
-    size, extra = divmod(len(items), n)
+def split_list(l: list[Any], n: int) -> list[list[Any]]:  # noqa: E741 (Horovod's name)
+    """``l`` in ``n`` consecutive chunks whose sizes differ by at most one."""
+    size, extra = divmod(len(l), n)
     bounds = [i * size + min(i, extra) for i in range(n + 1)]
-    return [items[bounds[i] : bounds[i + 1]] for i in range(n)]
+    return [l[bounds[i] : bounds[i + 1]] for i in range(n)]
 
 
 def is_iterable(x: Any) -> bool:
@@ -149,3 +154,93 @@ def is_version_greater_equal_than(ver: str, target: str) -> bool:
     if len(target.split(".")) != 3:
         raise ValueError(f"target must be a version of the form major.minor.patch, got {target!r}")
     return version.parse(ver) >= version.parse(target)
+
+
+def get_average_backwards_compatibility_fun(reduce_ops: Any) -> Callable[[Any, Any], Any]:
+    """A function ``(op, average) -> op`` for APIs that still take the deprecated ``average=``.
+
+    ``reduce_ops`` is anything with ``Average`` and ``Sum`` attributes (``hora.torch``, a
+    framework's ``mpi_ops``). Given ``op``, the function returns it (ValueError if ``average``
+    was given too); given only ``average``, it warns (DeprecationWarning) and returns
+    ``reduce_ops.Average`` for a true value, ``reduce_ops.Sum`` for a false one; given neither,
+    ``reduce_ops.Average``.
+    """
+
+    def pick(op: Any, average: Any) -> Any:
+        if op is not None:
+            if average is not None:
+                raise ValueError(
+                    "The op parameter supersedes average. Please provide only one of them."
+                )
+            return op
+        if average is not None:
+            warnings.warn(
+                "the average= argument is deprecated and will be removed: pass op=Average "
+                "or op=Sum instead",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return reduce_ops.Average if average else reduce_ops.Sum
+        return reduce_ops.Average
+
+    return pick
+
+
+def get_version_mismatch_message(name: str, version: str, installed_version: Any) -> str:
+    return (
+        f"Framework {name} installed with version {installed_version} but found version "
+        f"{version}. This can cause runtime errors: reinstall the package built against {name}."
+    )
+
+
+def check_installed_version(name: str, version: str, exception: Any = None) -> None:
+    """Horovod compares ``version`` with the framework version its extension was compiled
+    against, and warns (or, given the import ``exception``, raises HorovodVersionMismatchError)
+    on a mismatch. hora compiles nothing against a framework, so no version can mismatch: this
+    returns None, and a caller holding ``exception`` goes on to raise that original error."""
+    if not isinstance(name, str) or not isinstance(version, str):
+        raise TypeError(
+            f"check_installed_version takes a framework name and its version as strings, got "
+            f"{name!r} and {version!r}"
+        )
+    return None
+
+
+def get_ext_suffix() -> str:
+    """The file name suffix of a compiled Python extension on this interpreter."""
+    return sysconfig.get_config_var("EXT_SUFFIX") or sysconfig.get_config_var("SO") or ".so"
+
+
+def get_extension_full_path(pkg_path: str, *args: str) -> str:
+    """Where a compiled extension named ``args[-1]`` would lie, in folder ``args[:-1]`` next to
+    the file ``pkg_path``."""
+    if not args:
+        raise ValueError("get_extension_full_path needs at least the extension's name")
+    folder = os.path.join(os.path.dirname(pkg_path), *args[:-1])
+    return os.path.join(folder, args[-1] + get_ext_suffix())
+
+
+_FRAMEWORK_OF = {"torch": "torch", "tensorflow": "tensorflow", "keras": "keras", "mxnet": "mxnet"}
+
+
+def check_extension(ext_name: str, ext_env_var: str, pkg_path: str, *args: str) -> None:
+    """ImportError unless extension ``ext_name`` (``"horovod.torch"``, ``"hora.tensorflow"``)
+    can be used. A compiled library at ``get_extension_full_path(pkg_path, *args)`` counts; so
+    does hora's pure-Python binding for the framework when the framework is installed."""
+    full_path = get_extension_full_path(pkg_path, *args) if args else None
+    if full_path is not None and os.path.exists(full_path):
+        return
+    binding = ext_name.rpartition(".")[2]
+    framework = _FRAMEWORK_OF.get(binding)
+    if framework is not None and _has(f"hora.{binding}") and _has(framework):
+        return
+    if framework is None or not _has(f"hora.{binding}"):
+        raise ImportError(
+            f"Extension {ext_name} is not available: hora has no binding named {binding!r} "
+            f"(hora binds {', '.join(sorted(b for b in _FRAMEWORK_OF if _has('hora.' + b)))}); "
+            f"{ext_env_var} does not apply to hora, which compiles nothing"
+        )
+    raise ImportError(
+        f"Extension {ext_name} is not available: hora.{binding} needs the {framework} package, "
+        f"which is not installed; install it (pip install {framework})"
+    )
