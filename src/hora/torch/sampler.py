@@ -6,9 +6,10 @@ with ``seed + epoch`` when shuffling). The samples not yet processed in this epo
 rank ``r`` gets positions ``r, r + R, r + 2R, ...``. After ``b`` batches of ``n`` samples the
 ranks together have consumed exactly the first ``b * n * R`` indices of the order, so the
 position is one number, ``processed_num``, that ``state_dict`` saves and ``load_state_dict``
-restores - also with a different number of replicas. ``ElasticSampler`` (Horovod's elastic
-sampler) builds on that: it shards over the current ``hora.size()``/``hora.rank()`` and re-reads
-them in ``reset()`` after hora was initialised again with other workers.
+restores - also with a different number of replicas. ``ElasticSampler`` is Horovod's elastic
+sampler with Horovod's exact semantics (its order, padding and counting are described on the
+class): it shards over the current ``hora.size()``/``hora.rank()`` and re-reads them in
+``reset()`` after hora was initialised again with other workers.
 
 Used from the training thread (and DataLoader's main thread); not thread-safe.
 """
@@ -16,6 +17,7 @@ Used from the training thread (and DataLoader's main thread); not thread-safe.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -123,13 +125,20 @@ class DistributedSampler(Sampler[int]):
 
 
 class ElasticSampler(DistributedSampler):
-    """Horovod's elastic sampler: a :class:`DistributedSampler` over the current world.
+    """Horovod's elastic sampler: shards the samples not processed yet this epoch over the
+    current world, and shards them again in ``reset()`` after the world changed.
 
-    ``reset()`` re-reads ``hora.size()``/``hora.rank()`` (``TorchState`` calls it after every
-    reset and when it restores or syncs the sampler), so after the job re-formed with another
-    number of workers each rank gets its new shard of the samples not processed yet this epoch.
-    Call ``record_batch(i, batch_size)`` after each batch and ``set_epoch(e + 1)`` at the end
-    of an epoch; ``state_dict()`` is ``{"epoch", "processed_num"}``.
+    Horovod's semantics, kept exactly: every epoch the indices are put in one order (shuffled
+    with ``random.Random(seed + epoch)`` when ``shuffle``); ``reset()`` reads ``hora.size()``/
+    ``hora.rank()`` and takes the order past ``processed_num`` as this epoch's remaining
+    indices, padded by repeating from their start to a multiple of the replicas; iterating
+    deals them round-robin (rank ``r`` gets positions ``r, r + R, ...``) and may be repeated,
+    giving the same indices until the next ``reset()``; ``len()`` is this rank's share.
+    ``record_batch(batch_idx, batch_size)`` adds ``batch_size * num_replicas`` to
+    ``processed_num`` (``batch_idx`` is not used) without re-sharding; ``set_epoch(e)`` starts
+    epoch ``e`` from its first sample; ``load_state_dict`` takes ``{"epoch", "processed_num"}``
+    and re-shards. ``TorchState`` calls ``reset()`` after every reset and whenever it restores
+    or syncs the sampler.
 
     ``num_replicas``/``rank`` (keyword-only, not in Horovod) pin the sharding instead of
     following hora's world; ``reset()`` then keeps them.
@@ -146,20 +155,59 @@ class ElasticSampler(DistributedSampler):
     ) -> None:
         super().__init__(dataset, num_replicas, rank, shuffle=shuffle, seed=seed)
         self._pinned = (num_replicas, rank)
-
-    def reset(self) -> None:
-        """Shard over the current world, starting from the samples not processed yet."""
-        import hora
-
-        num_replicas, rank = self._pinned
-        self.num_replicas = hora.size() if num_replicas is None else num_replicas
-        self.rank = hora.rank() if rank is None else rank
-        self._iter_start = self.processed_num
-
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
+        self.processed_indices: set[int] = set()
+        self.remaining_indices: list[int] = []
+        self.indices: list[int] = []
+        self.num_samples = 0
+        self.total_size = 0
         self.reset()
 
+    def _order(self) -> list[int]:
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        return order
+
+    def reset(self) -> None:
+        """Shard the samples not processed yet this epoch over the current world."""
+        num_replicas, rank = self._pinned
+        if num_replicas is None or rank is None:
+            import hora
+
+            num_replicas = hora.size() if num_replicas is None else num_replicas
+            rank = hora.rank() if rank is None else rank
+        self.num_replicas, self.rank = num_replicas, rank
+        self.remaining_indices = self._order()[self.processed_num :]
+        self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(self.remaining_indices)
+        short = self.total_size - len(indices)
+        while short > 0 and indices:
+            indices += indices[:short]
+            short = self.total_size - len(indices)
+        self.indices = indices[self.rank : self.total_size : self.num_replicas]
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first sample (call it at the end of an epoch, with the
+        next one, so that a partly done epoch is not processed again)."""
+        self.epoch = epoch
+        self.processed_num = 0
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Count one more batch of ``batch_size`` on every rank as processed."""
+        self.processed_num += batch_size * self.num_replicas
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
+
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        super().load_state_dict(state_dict)
+        self.epoch = state_dict["epoch"]
+        self.processed_num = state_dict["processed_num"]
         self.reset()

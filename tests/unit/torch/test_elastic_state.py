@@ -149,9 +149,11 @@ def test_sampler_is_saved_restored_and_reset_before_the_callbacks():
     state.register_reset_callbacks([lambda: calls.append((sampler.num_replicas, sampler.rank))])
     sampler.set_epoch(1)
     list(sampler)
-    sampler.record_batch(1, 4)
+    for i in range(2):  # one record_batch per batch, as Horovod counts them
+        sampler.record_batch(i, 4)
     state.commit()
-    sampler.record_batch(3, 4)
+    for i in range(2, 4):
+        sampler.record_batch(i, 4)
     assert sampler.state_dict() == {"epoch": 1, "processed_num": 16}
     state.restore()
     assert sampler.state_dict() == {"epoch": 1, "processed_num": 8}
@@ -200,7 +202,8 @@ def test_elastic_sampler_follows_the_world_and_reshards_the_rest():
     for s in two:
         s.set_epoch(1)
         consumed.update(list(s)[: 3 * bs])
-        s.record_batch(2, bs)  # three batches done
+        for i in range(3):  # three batches done
+            s.record_batch(i, bs)
     state = two[0].state_dict()
     assert state == {"epoch": 1, "processed_num": 3 * bs * 2}
     three = [ElasticSampler(range(n), seed=4, num_replicas=3, rank=r) for r in range(3)]
