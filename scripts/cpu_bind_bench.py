@@ -8,8 +8,10 @@ Run under the launcher, once per setting, and compare rank 0's RESULT lines:
 
 After ``hvd.init()`` (where the binding happens) it times: a 4 KiB hora allreduce; a 4 KiB and a
 4 MiB torch.distributed Gloo allreduce; one pass of a DataLoader with two worker processes over
-CPU-heavy samples; a small CNN's training step under DistributedOptimizer with torch's default
-number of threads. Times in ms, the DataLoader pass in s.
+CPU-heavy samples; a small CNN's and an MLP's (784-1024-1024-10, batch 64) training step under
+DistributedOptimizer with the number of torch threads init() left (its share of the cores unless
+OMP_NUM_THREADS says otherwise); 50 async 64 KiB allreduces in flight together. Times in ms, the
+DataLoader pass in s.
 """
 
 from __future__ import annotations
@@ -94,6 +96,30 @@ def main() -> None:
         opt.step()
 
     out["cnn_step_ms"] = per_call_ms(step, iters=30, warmup=5)
+
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+        torch.nn.ReLU(), torch.nn.Linear(1024, 10),
+    )
+    mopt = hvd.DistributedOptimizer(
+        torch.optim.SGD(mlp.parameters(), lr=0.01), named_parameters=mlp.named_parameters()
+    )
+    xm, ym = torch.randn(64, 784), torch.randint(0, 10, (64,))
+
+    def mlp_step() -> None:
+        mopt.zero_grad()
+        torch.nn.functional.cross_entropy(mlp(xm), ym).backward()
+        mopt.step()
+
+    out["mlp_step_ms"] = per_call_ms(mlp_step, iters=100, warmup=10)
+    burst = [torch.ones(16 << 10) for _ in range(50)]  # 50 tensors of 64 KiB
+
+    def fused() -> None:
+        handles = [hvd.allreduce_async_(t, name=f"burst.{i}") for i, t in enumerate(burst)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    out["burst_50x64k_ms"] = per_call_ms(fused, iters=100, warmup=10)
     dist.destroy_process_group()
     print("RESULT", json.dumps(out), flush=True)
     hvd.shutdown()

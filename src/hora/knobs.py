@@ -408,9 +408,10 @@ KNOBS: tuple[Knob, ...] = (
         "none",
         "CPU_BIND",
         "none (default): leave placement to the OS; auto: give each local rank its own slice "
-        "of the host's cores (when nothing bound the process already). auto speeds up hora's "
-        "small collectives but confines everything else the process runs (torch threads, "
-        "DataLoader workers, torch.distributed) to that slice, which can slow training.",
+        "of the host's cores where its threads fit the slice (and nothing bound the process "
+        "already). auto speeds up hora's small collectives but confines everything else the "
+        "process runs (DataLoader workers, torch.distributed) to that slice, which can slow "
+        "training on a shared host.",
         "--cpu-bind",
         "library_options",
         "cpu_bind",

@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from hora.backends import registry as backends
@@ -203,7 +204,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         if identity.rank == 0:  # the files rank 0 writes (the launcher checked them already)
             check_paths(settings)
         _configure_logging(settings)
-        _bind_cpus(identity, settings.cpu_bind)
+        cores = _cores()
+        _bind_cpus(identity, settings.cpu_bind, cores, _share_threads(identity, cores))
         core = engine_core(identity, settings.thread_affinity)
         try:
             _runtime = Runtime(identity, settings, generation, mpi_job)
@@ -373,32 +375,100 @@ def engine_core(ident: Identity, spec: str) -> int | None:
     return core
 
 
-def _bind_cpus(ident: Identity, mode: str) -> None:
-    """With ``HORA_CPU_BIND=auto``: give each local rank its own slice of cores.
+# Framework bindings that run intra-op thread pools (hora.torch) register a hook here: called
+# at init() with this rank's share of the host's cores, it gives its pool that share when the
+# user chose no thread count, and returns the number of threads the pool runs and whether it
+# set that number itself.
+ThreadHook = Callable[[int], tuple[int, bool]]
+_thread_hooks: list[ThreadHook] = []
+_unbound: set[int] | None = None  # the process's cores before init() bound it (to rebind)
 
-    Off by default: binding keeps hora's small collectives from migrating between cores, but it
-    also confines every thread and child process the training script starts afterwards (torch's
-    intra-op threads, DataLoader workers, torch.distributed) to the slice, and measured on a
-    two-core host that made a CNN's training step up to ten times slower (docs/settings.md).
+
+def register_thread_hook(hook: ThreadHook) -> None:
+    """Let ``hook(share)`` size a framework's thread pool at every ``init()`` (idempotent)."""
+    if hook not in _thread_hooks:
+        _thread_hooks.append(hook)
+
+
+def _cores() -> list[int] | None:
+    """The cores this process may run on before hora bound it; None where it cannot tell, or
+    where something else (mpirun, Slurm, taskset, the user) restricted it already."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    if _unbound is not None:
+        return sorted(_unbound)
+    avail = sorted(os.sched_getaffinity(0))
+    return avail if len(avail) == os.cpu_count() else None
+
+
+def _share_threads(ident: Identity, cores: list[int] | None) -> int | None:
+    """Give each local rank's thread pools its share of the host's cores when the user set no
+    ``OMP_NUM_THREADS`` (torchrun sets it to 1; a share uses the cores a host has to spare).
+    Returns the most threads any registered pool runs, None when no pool is registered."""
+    share = max(1, len(cores) // ident.local_size) if cores else 1
+    answers = [hook(share) for hook in _thread_hooks]
+    shared = any(set_here for _, set_here in answers)
+    if shared and ident.local_rank == 0 and ident.local_size > 1 and not _said_threads:
+        _say_threads(ident, cores, share)
+    return max(n for n, _ in answers) if answers else None
+
+
+_said_threads = False
+
+
+def _say_threads(ident: Identity, cores: list[int] | None, share: int) -> None:
+    global _said_threads
+    _said_threads = True
+    have = f"{len(cores)} cores" if cores else "its cores"
+    log.warning(
+        "OMP_NUM_THREADS is not set: each of the %d ranks on this host runs %d intra-op "
+        "thread(s), its share of %s. Set OMP_NUM_THREADS (or call torch.set_num_threads() "
+        "before hvd.init()) to choose.", ident.local_size, share, have,
+    )
+
+
+def _bind_cpus(ident: Identity, mode: str, cores: list[int] | None,
+               threads: int | None) -> None:  # fmt: skip
+    """With ``HORA_CPU_BIND=auto``: give each local rank its own slice of the host's cores.
+
+    ``auto`` binds only when this rank's thread pools fit its slice: every
+    registered pool (``threads``, from :func:`_share_threads`) or, with none registered, the
+    ``OMP_NUM_THREADS`` the process runs with, is at most the slice's size. A rank whose pools
+    are larger than its slice would time-share its cores (measured on a two-core host: a CNN's
+    step up to ten times slower, docs/settings.md), so it is left unbound. Binding keeps each
+    rank's threads, and the DataLoader workers and other processes it starts afterwards, on
+    its own cores, but it also keeps them from moving to a core that other work leaves idle,
+    which made training steps slower on a shared host (docs/settings.md): so it is opt-in.
     Only done when nothing (mpirun, Slurm, taskset, the user) bound the process already, and
-    never to fewer cores than one per rank.
+    never to fewer cores than one per rank; an elastic job's later rounds bind again from the
+    cores the process had at first.
     """
+    global _unbound
     if mode.lower() not in ("auto", "none"):
         raise ValueError(
             f"HORA_CPU_BIND={mode!r} (or HOROVOD_CPU_BIND, hora run --cpu-bind): give 'none' "
-            "(the default: no binding) or 'auto' (each local rank its own slice of cores)"
+            "(the default: no binding) or 'auto' (each local rank its own slice of cores, "
+            "where its threads fit the slice)"
         )
-    if mode.lower() != "auto" or ident.local_size <= 1 or not hasattr(os, "sched_getaffinity"):
+    if cores is None or len(cores) < ident.local_size:
         return
-    avail = sorted(os.sched_getaffinity(0))
-    if len(avail) != os.cpu_count() or len(avail) < ident.local_size:
-        return
-    per = len(avail) // ident.local_size
-    cores = set(avail[ident.local_rank * per:(ident.local_rank + 1) * per])
+    per = len(cores) // ident.local_size
+    if threads is None:
+        omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+        threads = int(omp) if omp.isdigit() else None
+    fits = threads is not None and threads <= per
+    if mode.lower() != "auto" or ident.local_size <= 1 or not fits:
+        slice_ = set(cores)  # unbound (again, after an earlier round bound it)
+    else:
+        slice_ = set(cores[ident.local_rank * per:(ident.local_rank + 1) * per])
+    if _unbound is None and slice_ == set(cores):
+        return  # never bound, nothing to undo
+    if _unbound is None:
+        _unbound = set(cores)
     for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(tid), cores)
-    log.debug("local rank %d bound to cores %s", ident.local_rank, sorted(cores))
+            os.sched_setaffinity(int(tid), slice_)
+    log.debug("local rank %d runs on cores %s", ident.local_rank, sorted(slice_))
 
 
 def _tag_rank(record: logging.LogRecord) -> bool:

@@ -20,6 +20,7 @@ from hora.errors import (
     HostsUpdatedInterrupt,
 )
 from hora.torch import elastic as elastic  # hvd.elastic
+from hora.torch import threads as _threads  # noqa: F401 - sizes torch's pool at init()
 from hora.torch.compression import Compression
 from hora.torch.functions import (
     allgather_object,

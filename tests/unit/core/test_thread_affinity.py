@@ -101,5 +101,5 @@ def test_an_unknown_cpu_bind_value_is_refused() -> None:
     from hora.core.runtime import _bind_cpus
 
     with pytest.raises(ValueError, match="HORA_CPU_BIND='yes'.*'none'.*'auto'"):
-        _bind_cpus(_ident(0, 2), "yes")
-    _bind_cpus(_ident(0, 1), "NONE")  # case does not matter; nothing to do
+        _bind_cpus(_ident(0, 2), "yes", [0, 1], 1)
+    _bind_cpus(_ident(0, 1), "NONE", [0, 1], 1)  # case does not matter; nothing to do
