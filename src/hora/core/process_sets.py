@@ -4,12 +4,14 @@
 kept sorted. A set gets its ``process_set_id`` when it is registered with the running engine,
 which happens the same way on every rank (at ``init`` for static sets, through a collective
 negotiation for ``add_process_set``), so ids agree everywhere. ``global_process_set`` (id 0)
-always exists. Thread-safe for reading; registration happens under the runtime's lock.
+always exists. No two registered sets have the same ranks: ``init(process_sets=...)`` and
+``add_process_set`` raise ValueError for a duplicate, as Horovod does. Thread-safe for reading;
+registration happens under the runtime's lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hora.errors import NOT_INITIALIZED_MESSAGE
@@ -87,6 +89,23 @@ def _ranks_of_comm(comm: Any) -> list[int]:
 
 
 global_process_set = ProcessSet([])
+
+
+def registered_with(ranks: list[int], registered: Mapping[int, ProcessSet]) -> int | None:
+    """The id of the set in ``registered`` (id -> set, the global set included) that has
+    exactly ``ranks``, or None."""
+    for ps_id, ps in registered.items():
+        if ps.ranks == ranks:
+            return ps_id
+    return None
+
+
+def duplicate_error(ps: ProcessSet, registered: ProcessSet) -> ValueError:
+    """The ValueError ``hvd.add_process_set`` raises for a set whose ranks are registered."""
+    return ValueError(
+        f"Attempted to add a duplicate process set: ranks {ps.ranks} are those of the "
+        f"registered {registered!r}; use that one, or remove it first"
+    )
 
 
 def resolve(process_set: ProcessSet | None) -> ProcessSet:

@@ -30,7 +30,12 @@ from hora.core.engine import Engine
 from hora.core.executor import TensorEntry
 from hora.core.handles import Handle, in_flight
 from hora.core.messages import OpType, Request
-from hora.core.process_sets import ProcessSet, global_process_set
+from hora.core.process_sets import (
+    ProcessSet,
+    duplicate_error,
+    global_process_set,
+    registered_with,
+)
 from hora.errors import NOT_INITIALIZED_MESSAGE
 from hora.identity import Identity, detect
 from hora.rendezvous.rounds import WorkerRemoved, is_elastic_worker, join
@@ -178,6 +183,11 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start hora on this process. Idempotent while initialized."""
     global _runtime, _generation, _atexit_registered, _elastic_round
     with _lock:
+        running = _runtime is not None and _runtime.engine.running
+    if running:  # Horovod binds the sets given again to those registered (and adds new ones)
+        _register_static(None if process_sets == "dynamic" else process_sets)
+        return
+    with _lock:
         if _runtime is not None and _runtime.engine.running:
             return
         if _runtime is not None:  # the engine died: clean up before starting again
@@ -228,10 +238,34 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             if sys.excepthook is sys.__excepthook__:
                 sys.excepthook = _note_uncaught
             _atexit_registered = True
-    for ps in process_sets or ():
+    _register_static(process_sets)
+
+
+def _register_static(process_sets: Any) -> None:
+    """Register ``init``'s ``process_sets`` in order, as Horovod does: an entry with the ranks
+    of the global set or of an earlier entry is a duplicate, left unregistered, and ValueError
+    names it once the others are registered; one with the ranks of a set registered before
+    this call is bound to that set."""
+    rt = runtime()
+    seen, duplicates = {tuple(global_process_set.ranks)}, []
+    for i, ps in enumerate(process_sets or ()):
         if not isinstance(ps, ProcessSet):
             raise ValueError(f"process_sets must hold hvd.ProcessSet objects, got {ps!r}")
-        register_process_set(ps)
+        if tuple(ps.ranks) in seen:
+            ps._unbind()
+            duplicates.append(f"entry number {i} ({ps.ranks})")
+            continue
+        seen.add(tuple(ps.ranks))
+        known = registered_with(ps.ranks, rt.sets)
+        if known is not None:
+            ps._bind(known, rt.identity.rank)
+        else:
+            register_process_set(ps)
+    if duplicates:
+        raise ValueError(
+            f"process_sets {', '.join(duplicates)} duplicates the global set or an earlier "
+            "entry; hora is initialized with the other sets: pass each set of ranks once"
+        )
 
 
 def _mpi_world(comm: Any, identity: Identity, settings: Settings) -> tuple[Identity, Any]:
@@ -283,6 +317,9 @@ def register_process_set(ps: ProcessSet) -> ProcessSet:
         raise ValueError(
             f"process set ranks {ps.ranks} must be a non-empty subset of 0..{rt.identity.size - 1}"
         )
+    known = registered_with(ps.ranks, rt.sets)  # the same on every rank: sets are negotiated
+    if known is not None:
+        raise duplicate_error(ps, rt.sets[known])
     rt.dynamic_counter += 1
     name = f"process_set.add.{rt.dynamic_counter}"
     ps_id = int(control(OpType.ADD_PROCESS_SET, name, 0, tuple(ps.ranks)).wait())
