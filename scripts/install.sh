@@ -1,38 +1,87 @@
 #!/usr/bin/env bash
-# Installs hora and everything its tests and examples use, on a fresh Debian-like machine.
+# Installs hora on a fresh Debian-like machine, into the project's virtual environment (.venv)
+# unless an environment or interpreter is chosen (scripts/venv.sh says how it picks).
+#
+#   bash scripts/install.sh          what the main job needs: torch (CPU wheels where there is
+#                                    no NVIDIA GPU), scikit-learn and hora (scripts/train.sh)
+#   bash scripts/install.sh --all    also every extra the tests use (TensorFlow, Ray, PySpark,
+#                                    mpi4py, ruff, mypy, pytest...) and, as root with apt-get,
+#                                    Open MPI, a C compiler, sshd, iproute2 and Java
+#                                    (scripts/test.sh, CI, the images in deploy/)
+#   --dry-run (or HORA_INSTALL_DRY_RUN=1)   prints the apt-get and pip commands instead of
+#                                    running them (the virtual environment is still made)
+#
+# HORA_TORCH_INDEX_URL: torch's wheel index. Unset: https://download.pytorch.org/whl/cpu (CPU
+# wheels, about 190 MB) when no NVIDIA GPU is seen (no nvidia-smi, no /proc/driver/nvidia),
+# else pip's default index, whose Linux wheels carry CUDA and NCCL (several GB). Set to a URL:
+# that index; set empty: pip's default index whatever the machine has.
 # Safe to run again: every step is skipped or quick when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
 
-# System packages: Open MPI (for the MPI backend and mpirun tests) and a C compiler to build
-# mpi4py against it, sshd (multi-host tests), iproute2 (network namespaces). Only as root and
-# only what is missing. The container recipes in deploy/ run this script too.
-need=()
-command -v mpirun >/dev/null || need+=(openmpi-bin libopenmpi-dev)
-command -v cc >/dev/null || need+=(gcc libc6-dev)
-[ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
-command -v ip >/dev/null || need+=(iproute2)
-command -v java >/dev/null || need+=(openjdk-17-jre-headless)  # pyspark (hora.spark)
-if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "hora: installing system packages: ${need[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-  else
-    echo "hora: missing ${need[*]} (not root or no apt-get): the tests that need them skip"
+all=0
+for arg in "$@"; do
+  case $arg in
+    --all) all=1 ;;
+    --dry-run) export HORA_INSTALL_DRY_RUN=1 ;;
+    *) hora_die "install.sh: unknown argument $arg (known: --all, --dry-run)" ;;
+  esac
+done
+
+if [ "$all" = 1 ]; then
+  # System packages: Open MPI (for the MPI backend and mpirun tests) and a C compiler to build
+  # mpi4py against it, sshd (multi-host tests), iproute2 (network namespaces), Java (pyspark).
+  # Only as root and only what is missing. The container recipes in deploy/ run this too.
+  need=()
+  command -v mpirun >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+  command -v cc >/dev/null || need+=(gcc libc6-dev)
+  [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
+  command -v ip >/dev/null || need+=(iproute2)
+  command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+  if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      hora_log "installing system packages: ${need[*]}"
+      hora_do apt-get update -qq
+      hora_do env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    else
+      hora_log "missing ${need[*]} (not root or no apt-get): the tests that need them skip"
+    fi
   fi
 fi
 
-PY=${PYTHON:-python3}
-# torch first and pinned: any other version would pull gigabytes of CUDA packages.
-# HORA_TORCH_INDEX_URL picks torch's wheel index (deploy/Dockerfile.cpu: the CPU-only wheels;
-# unset: the default index, whose Linux wheels carry CUDA and NCCL).
-torch_index=()
-[ -n "${HORA_TORCH_INDEX_URL:-}" ] && torch_index=(--index-url "$HORA_TORCH_INDEX_URL")
-$PY -m pip install -q "${torch_index[@]}" "torch==2.13.0"
-# TensorFlow (CPU build; tf-keras for the Keras 2 world) for hora.tensorflow and its tests.
-extras="torch,lab,bf16,tensorflow,dev"
-extras="$extras,spark"  # pyspark, for hora.spark and its tests
-command -v mpicc >/dev/null && extras="$extras,mpi"
-extras="$extras,ray"  # hora.ray and its tests (Ray 2.60; leaves numpy and torch as they are)
-$PY -m pip install -q -e ".[${extras}]"
+hora_select_python "$PWD"
+PY=$HORA_PY
+
+# torch first and pinned: any other version would pull gigabytes of CUDA packages. A torch 2.13.0
+# already there (any build: +cpu, CUDA) is kept, and no index is asked.
+torch_now=$("$PY" -c 'from importlib.metadata import version; print(version("torch"))' \
+  2>/dev/null || true)
+if [ "${torch_now%%+*}" = 2.13.0 ]; then
+  hora_log "torch $torch_now is installed already"
+elif [ -z "${HORA_TORCH_INDEX_URL+set}" ]; then
+  if command -v nvidia-smi >/dev/null || [ -e /proc/driver/nvidia ]; then
+    HORA_TORCH_INDEX_URL=
+    hora_log "an NVIDIA GPU driver is here: torch from pip's default index (CUDA wheels)"
+  else
+    HORA_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+    hora_log "no NVIDIA GPU seen: torch's CPU wheels ($HORA_TORCH_INDEX_URL;" \
+      "HORA_TORCH_INDEX_URL= picks pip's default index)"
+  fi
+fi
+if [ "${torch_now%%+*}" != 2.13.0 ]; then
+  torch_index=()
+  [ -n "$HORA_TORCH_INDEX_URL" ] && torch_index=(--index-url "$HORA_TORCH_INDEX_URL")
+  hora_do "$PY" -m pip install -q "${torch_index[@]}" "torch==2.13.0"
+fi
+
+extras="torch"  # torch and scikit-learn: examples/pytorch_mnist.py
+if [ "$all" = 1 ]; then
+  extras="$extras,lab,bf16,tensorflow,dev"  # TensorFlow (+ tf-keras), plots, ruff, mypy, pytest
+  extras="$extras,spark"  # pyspark, for hora.spark and its tests
+  command -v mpicc >/dev/null && extras="$extras,mpi"
+  extras="$extras,ray"  # hora.ray and its tests (Ray 2.60; leaves numpy and torch as they are)
+fi
+hora_do "$PY" -m pip install -q -e ".[${extras}]"
+hora_venv_note

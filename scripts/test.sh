@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# The test command: installs what is needed, checks style, then runs every test that can run
-# on this machine (GPU and multi-host tests skip with their reason where they cannot).
+# The test command: installs hora with every extra (`scripts/install.sh --all`, into the
+# project's virtual environment .venv unless one is active or PYTHON is set: scripts/venv.sh),
+# checks style, then runs every test that can run on this machine (GPU and multi-host tests skip
+# with their reason where they cannot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
-PY=${PYTHON:-python3}
-$PY -m ruff check src tests examples
-$PY -m mypy
-$PY -m pytest -q -rs "$@"
+# shellcheck source=scripts/venv.sh
+. scripts/venv.sh
+hora_select_python "$PWD"
+bash scripts/install.sh --all
+hora_venv_note
+PY=$HORA_PY
+hora_do "$PY" -m ruff check src tests examples
+hora_do "$PY" -m mypy
+hora_do "$PY" -m pytest -q -rs "$@"

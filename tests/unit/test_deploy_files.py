@@ -41,8 +41,8 @@ def test_ci_installs_through_scripts_install_sh() -> None:
     """.ci/run -> scripts/test.sh -> scripts/install.sh: the script the recipes run."""
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^exec bash scripts/test\.sh", ci, re.M), ci
-    assert re.search(r"^bash scripts/install\.sh$", (ROOT / "scripts" / "test.sh").read_text(),
-                     re.M)  # fmt: skip
+    test_sh = (ROOT / "scripts" / "test.sh").read_text()
+    assert re.search(r"^bash scripts/install\.sh --all$", test_sh, re.M), test_sh
 
 
 @pytest.mark.parametrize("script", ["scripts/install.sh", "deploy/slurm.sbatch",
