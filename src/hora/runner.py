@@ -46,13 +46,13 @@ def run(
     use_mpi: bool | None = None,
     mpi_args: str | None = None,
     network_interface: str | Iterable[str] | None = None,
+    network_interfaces: Sequence[str] | None = None,
     executable: str | None = None,
     np: int | None = None,
     min_np: int | None = None,
     max_np: int | None = None,
     *,
     ssh_config_file: str | None = None,
-    network_interfaces: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     settings: Settings | None = None,
     prefix_output_with_timestamp: bool = False,
@@ -63,17 +63,17 @@ def run(
     The parameters are ``horovod.run``'s, with its names, order and meanings: ``hosts`` is
     ``-H`` syntax (``"server1:2,server2:2"``), ``hostfile`` a hostfile path (neither:
     ``num_proc`` ranks on this host); ``network_interface`` names interfaces (comma-separated
-    or a list); ``np``, ``min_np`` and ``max_np`` are Horovod's deprecated names. Given
+    or a list; Horovod's deprecated form), ``network_interfaces`` lists them; ``np``, ``min_np``
+    and ``max_np`` are Horovod's deprecated names. Given
     ``min_num_proc``, ``max_num_proc`` or ``host_discovery_script``, the job is elastic (as
     ``hora run --min-np/--max-np/--host-discovery-script``; ``slots``, ``reset_limit`` and
     ``cooldown_range`` are its ``--slots-per-host``, ``--reset-limit`` and
     ``--blacklist-cooldown-range``), and the results are those of the ranks of its last round.
     ``disable_cache`` is accepted; hora caches no checks.
 
-    hora's own keyword-only extras follow: ``ssh_config_file`` (ssh -F), ``network_interfaces``
-    (a list, as ``--network-interfaces``), ``env`` (the workers' base environment; default this
-    process's), ``settings`` (the knobs; default read from ``env``),
-    ``prefix_output_with_timestamp`` and ``elastic_timeout``.
+    hora's own keyword-only extras follow: ``ssh_config_file`` (ssh -F), ``env`` (the workers'
+    base environment; default this process's), ``settings`` (the knobs; default read from
+    ``env``), ``prefix_output_with_timestamp`` and ``elastic_timeout``.
 
     Raises ValueError for contradictory arguments or a bad setting (before anything starts),
     and LaunchError when a rank fails (chained to its exception when it raised one) or the job
@@ -103,7 +103,7 @@ def run(
         except ValueError:
             raise ValueError(f"HOROVOD_START_TIMEOUT={raw!r}: expected seconds") from None
     nics = [network_interface] if isinstance(network_interface, str) else network_interface
-    interfaces = [*network_interfaces, *(nics or ())]
+    interfaces = [*(network_interfaces or ()), *(nics or ())]
     config = LaunchConfig(
         command=[executable or sys.executable, "-m", "hora.launch.task"],
         np=count,

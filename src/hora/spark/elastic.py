@@ -373,8 +373,8 @@ def run_elastic(
     args: Sequence[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     num_proc: int | None = None,
-    min_np: int | None = None,
-    max_np: int | None = None,
+    min_num_proc: int | None = None,
+    max_num_proc: int | None = None,
     start_timeout: float | None = None,
     elastic_timeout: float | None = None,
     reset_limit: int | None = None,
@@ -384,6 +384,8 @@ def run_elastic(
     verbose: int = 1,
     nics: Iterable[str] | None = None,
     prefix_output_with_timestamp: bool = False,
+    min_np: int | None = None,
+    max_np: int | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` as an elastic hora job whose workers run in Spark tasks;
     the results of the final round's ranks, in rank order (``horovod.spark.run_elastic``'s
@@ -391,8 +393,9 @@ def run_elastic(
 
     ``fn`` trains with ``hvd.elastic.run`` and a state object, as under ``hora run --min-np``.
     ``num_proc`` (default ``spark.default.parallelism``) workers start the job;
-    ``min_np`` (default ``num_proc``) are needed to go on; ``max(num_proc, max_np)`` Spark
-    tasks are submitted (``max_np`` defaults to ``num_proc``). A worker that fails makes its
+    ``min_num_proc`` (default ``num_proc``) are needed to go on; ``max_num_proc`` Spark
+    tasks are submitted (default ``num_proc``); ``min_np``/``max_np`` are their deprecated
+    names, as in Horovod. A worker that fails makes its
     task fail; Spark runs it again (``spark.task.maxFailures``) and the new attempt joins the
     job, the others rolling back to their last commit. ``reset_limit`` bounds the
     re-formations; ``elastic_timeout`` (default ``HOROVOD_ELASTIC_TIMEOUT``, 600 s) how long
@@ -404,6 +407,8 @@ def run_elastic(
     ``min_np`` workers once Spark retries no more, a rank that raised, a timeout); the Spark
     job is cancelled and the store stopped first.
     """
+    min_np = min_np if min_num_proc is None else min_num_proc  # min_np/max_np: old names
+    max_np = max_np if max_num_proc is None else max_num_proc
     sc = _spark_context()
     count = sc.defaultParallelism if num_proc is None else int(num_proc)
     low = count if min_np is None else int(min_np)
