@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv.sh
 . scripts/venv.sh
 hora_select_python "$PWD"
-bash scripts/install.sh --all
+_HORA_PY_CHOSEN=$HORA_PY bash scripts/install.sh --all
 hora_venv_note
 PY=$HORA_PY
 hora_do "$PY" -m ruff check src tests examples

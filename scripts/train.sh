@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv.sh
 . scripts/venv.sh
 hora_select_python "$PWD"
-bash scripts/install.sh
+_HORA_PY_CHOSEN=$HORA_PY bash scripts/install.sh
 hora_venv_note
 if hora_dry_run; then
   echo "+ hora run -np 2 $HORA_PY examples/pytorch_mnist.py $*"

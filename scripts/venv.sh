@@ -79,6 +79,10 @@ _hora_install_python3_venv() {
 
 hora_select_python() {
   local repo=${1:-.}
+  if [ -n "${_HORA_PY_CHOSEN:-}" ]; then  # chosen by the script that runs this one
+    HORA_PY=$_HORA_PY_CHOSEN
+    return 0
+  fi
   if [ -n "${PYTHON:-}" ]; then
     HORA_PY=$PYTHON
     hora_log "using PYTHON=$PYTHON as it is (no virtual environment is made)"
@@ -112,12 +116,21 @@ hora_select_python() {
   fi
 
   local venv=${HORA_VENV:-$repo/.venv}
-  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import pip" 2>/dev/null; then
-    hora_log "using the project's virtual environment $venv (made earlier)"
-  else
-    if [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ]; then
-      hora_die "$venv exists and is not a virtual environment: move it away, or set HORA_VENV"
+  if [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ]; then
+    hora_die "$venv exists and is not a virtual environment: move it away, or set HORA_VENV"
+  fi
+  if [ -f "$venv/pyvenv.cfg" ]; then  # made earlier (by this script or by hand): kept as it is
+    "$venv/bin/python" -c "" 2>/dev/null || hora_die "the python of $venv does not run (was
+  the Python it was made from removed or upgraded?): remove it (rm -r $venv) and run this
+  again, or set HORA_VENV to another folder"
+    if "$venv/bin/python" -c "import pip" 2>/dev/null; then
+      hora_log "using the project's virtual environment $venv (made earlier)"
+    else
+      hora_log "$venv has no pip: adding it ($venv/bin/python -m ensurepip)"
+      "$venv/bin/python" -m ensurepip >&2 || hora_die "could not add pip to $venv: on
+  Debian or Ubuntu install python3-venv (apt-get install python3-venv), or remove $venv"
     fi
+  else
     if [ "$has_venv" != 1 ]; then
       _hora_install_python3_venv "$version"
       if hora_dry_run; then
@@ -132,9 +145,8 @@ hora_select_python() {
     [ "$site" = 1 ] && flags+=(--system-site-packages)
     hora_log "making the project's virtual environment $venv from $base" \
       "($([ "$site" = 1 ] && echo "it sees that python3's packages" || echo isolated))"
-    [ -f "$venv/pyvenv.cfg" ] && rm -rf "$venv"  # one without pip: a failed earlier attempt
     if ! "$base" -m venv "${flags[@]}" "$venv"; then
-      [ -f "$venv/pyvenv.cfg" ] && rm -rf "$venv"
+      rm -rf "$venv"  # made just now, without pip
       _hora_install_python3_venv "$version"
       "$base" -m venv "${flags[@]}" "$venv" || hora_die "could not make $venv with $base -m venv"
     fi

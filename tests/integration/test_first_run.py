@@ -27,7 +27,7 @@ STDLIB = Path(sysconfig.get_path("stdlib"))
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 ENV_CHOICES = ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHON", "HORA_NO_VENV", "HORA_VENV",
                "HORA_VENV_SYSTEM_SITE", "HORA_TORCH_INDEX_URL", "HORA_INSTALL_DRY_RUN",
-               "PIP_BREAK_SYSTEM_PACKAGES")  # fmt: skip
+               "PIP_BREAK_SYSTEM_PACKAGES", "_HORA_PY_CHOSEN")  # fmt: skip
 
 
 def _base_python() -> Path:
@@ -76,9 +76,11 @@ def _env(first_on_path: Path | None = None, **extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def _install(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def _install(
+    env: dict[str, str], *args: str, script: str = "install.sh"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(ROOT / "scripts" / "install.sh"), *args],
+        ["bash", str(ROOT / "scripts" / script), *args],
         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
     )  # fmt: skip
 
@@ -191,3 +193,46 @@ def test_a_real_install_into_a_venv_that_sees_this_pythons_packages(tmp_path) ->
     assert check.returncode == 0, check.stderr
     assert f"({venv}/bin/python" in check.stdout.splitlines()[0]
     assert "[X] PyTorch: torch 2.13.0" in check.stdout
+
+
+def test_the_two_commands_use_one_project_venv(tmp_path) -> None:
+    """train.sh and test.sh (CI's path) pick the environment once, install into it (the main
+    job only what it needs, the tests every extra) and run with its interpreter."""
+    stock = _stock_python(tmp_path / "stock")
+    venv = tmp_path / "venv"
+    env = _env(stock, HORA_VENV=str(venv), HORA_INSTALL_DRY_RUN="1")
+    train = _install(env, "--epochs", "2", script="train.sh")
+    assert train.returncode == 0, train.stderr
+    commands = _commands(train)
+    assert commands[-1] == f"hora run -np 2 {venv}/bin/python examples/pytorch_mnist.py --epochs 2"
+    extras = [c for c in commands if " -e ." in c]
+    assert extras == [f"{venv}/bin/python -m pip install -q -e .[torch]"], commands
+    assert train.stderr.count("making the project's virtual environment") == 1
+    assert f"source {venv}/bin/activate" in train.stderr
+
+    test = _install(env, "-x", script="test.sh")
+    assert test.returncode == 0, test.stderr
+    commands = _commands(test)
+    assert "made earlier" in test.stderr
+    assert all(c.startswith(f"{venv}/bin/python ") for c in commands if " -m " in c), commands
+    extras = next(c for c in commands if " -e ." in c)
+    for extra in ("torch", "tensorflow", "dev", "spark", "ray"):
+        assert extra in extras.split("[")[1]
+    assert commands[-1] == f"{venv}/bin/python -m pytest -q -rs -x"
+
+
+def test_a_venv_made_earlier_without_pip_is_kept_and_given_pip(tmp_path) -> None:
+    stock = _stock_python(tmp_path / "stock")
+    venv = tmp_path / "venv"
+    subprocess.run([str(stock / "python3"), "-m", "venv", "--without-pip", str(venv)],
+                   check=True, timeout=120)  # fmt: skip
+    mine = venv / "kept.txt"  # something of the user's in it
+    mine.write_text("mine")
+    done = _install(_env(stock, HORA_VENV=str(venv), HORA_INSTALL_DRY_RUN="1"))
+    assert done.returncode == 0, done.stderr
+    assert mine.read_text() == "mine" and "has no pip: adding it" in done.stderr
+    pips = [c for c in _commands(done) if " -m pip " in c]
+    assert pips and all(c.startswith(f"{venv}/bin/python ") for c in pips), pips
+    has_pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert has_pip.returncode == 0, has_pip.stderr
