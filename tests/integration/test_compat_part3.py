@@ -99,9 +99,15 @@ def _process_sets(rank: int) -> dict[str, Any]:
         out["range"] = "no error"
     except Exception as e:
         out["range"] = type(e).__name__
+    hvd.barrier()  # no rank shuts down (ending the job) while another is still checking
     hvd.shutdown()
+    return out
 
-    os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+
+def _dynamic_sets(rank: int) -> dict[str, Any]:
+    import hora.torch as hvd
+
+    out: dict[str, Any] = {}
     hvd.init()
     added = hvd.add_process_set([0])
     errors = []
@@ -121,7 +127,9 @@ def _process_sets(rank: int) -> dict[str, Any]:
 @pytest.mark.timeout(150)
 def test_duplicate_process_sets_raise_value_error() -> None:
     results = run_ranks(_process_sets, 2, timeout=120)
-    for out in results:
+    dynamic = run_ranks(_dynamic_sets, 2, timeout=120, env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    for out, more in zip(results, dynamic):
+        out.update(more)
         assert out["init"] == "ValueError", out
         assert "entry number 2" in out["init_message"] and "entry number 3" in out["init_message"]
         assert out["initialized"] is True

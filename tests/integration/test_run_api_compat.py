@@ -13,8 +13,8 @@ HOROVOD_RUN = [
     "func", "args", "kwargs", "num_proc", "min_num_proc", "max_num_proc", "slots",
     "reset_limit", "cooldown_range", "hosts", "hostfile", "host_discovery_script",
     "start_timeout", "ssh_port", "ssh_identity_file", "disable_cache", "output_filename",
-    "verbose", "use_gloo", "use_mpi", "mpi_args", "network_interface", "executable", "np",
-    "min_np", "max_np",
+    "verbose", "use_gloo", "use_mpi", "mpi_args", "network_interface", "network_interfaces",
+    "executable", "np", "min_np", "max_np",
 ]  # fmt: skip
 
 

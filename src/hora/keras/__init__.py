@@ -52,7 +52,38 @@ from hora.tensorflow.keras._impl import (
     reducescatter,
 )
 from hora.tensorflow.keras._impl import load_model as _load_model
-from hora.tensorflow.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from hora.tensorflow.keras.optimizer import DistributedOptimizer as _DistributedOptimizer
+from hora.tensorflow.keras.optimizer import PartialDistributedOptimizer
+
+
+def DistributedOptimizer(  # noqa: N802 (Horovod's name)
+    optimizer: Any,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: int = Average,
+    num_groups: int = 0,
+    groups: Any = None,
+    *,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    process_set: Any = global_process_set,
+    scale_local_gradients: bool = True,
+) -> Any:
+    """``horovod.keras.DistributedOptimizer``: ``hora.tensorflow.keras``'s, with
+    ``horovod.keras``'s parameter order (``num_groups`` and ``groups`` right after ``op``); the
+    options only ``horovod.tensorflow.keras`` has are keyword-only here."""
+    return _DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )  # fmt: skip
 
 
 def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,

@@ -85,6 +85,7 @@ class RayExecutor:
         min_workers: int | None = None,
         max_workers: int | None = None,
         reset_limit: int | None = None,
+        cooldown_range: tuple[int, int] | None = None,
         elastic_timeout: float | None = None,
         override_discovery: bool = True,
     ):
@@ -106,6 +107,7 @@ class RayExecutor:
                 gpus_per_worker=gpus_per_worker,
                 override_discovery=override_discovery,
                 elastic_timeout=elastic_timeout,
+                cooldown_range=cooldown_range,
             )
             self.settings = self._elastic.settings
             self.num_workers = self.num_hosts = None

@@ -472,6 +472,7 @@ def grouped_reducescatter(
     process_set: ProcessSet = global_process_set,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    *,
     name: str | None = None,
 ) -> list[tf.Tensor]:
     tensors = list(tensors)

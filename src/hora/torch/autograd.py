@@ -65,16 +65,26 @@ class HorovodAllreduce(Function):
     """``apply(tensor, average, name, op, prescale, postscale, process_set[, priority])``."""
 
     @staticmethod
-    def forward(ctx: Any, tensor, average, name, op, prescale, postscale, process_set, priority=0):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        tensor,
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        priority=0,
+    ):  # type: ignore[override]
         op = reduce_op(average, op)
-        ctx.args = (name, op, prescale, postscale, process_set, priority)
-        h = allreduce_async(
-            tensor, None, name, op, prescale, postscale, process_set, priority=priority
-        )
+        pre, post = prescale_factor, postscale_factor
+        ctx.args = (name, op, pre, post, process_set, priority)
+        h = allreduce_async(tensor, None, name, op, pre, post, process_set, priority=priority)
         return synchronize(h)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
+        grad = grad_output
         name, op, prescale, postscale, ps, priority = ctx.args
         g = HorovodAllreduce.apply(
             grad, None, _grad_name(name), op, prescale, postscale, ps, priority
@@ -86,10 +96,13 @@ class HorovodGroupedAllreduce(Function):
     """``apply(average, name, op, prescale, postscale, process_set, *tensors)``."""
 
     @staticmethod
-    def forward(ctx: Any, average, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+    def forward(
+        ctx: Any, average, name, op, prescale_factor, postscale_factor, process_set, *tensors
+    ):  # type: ignore[override]
         op = reduce_op(average, op)
-        ctx.args = (name, op, prescale, postscale, process_set)
-        h = grouped_allreduce_async(tensors, None, name, op, prescale, postscale, process_set)
+        pre, post = prescale_factor, postscale_factor
+        ctx.args = (name, op, pre, post, process_set)
+        h = grouped_allreduce_async(tensors, None, name, op, pre, post, process_set)
         return tuple(synchronize(h))
 
     @staticmethod
@@ -108,7 +121,8 @@ class HorovodAllgather(Function):
         return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
+        grad = grad_output
         name, ps = ctx.args
         reduced = HorovodAllreduce.apply(grad, None, _grad_name(name), Average, 1.0, 1.0, ps, 0)
         (offset,) = _my_offsets([ctx.rows], name, ps)
@@ -142,7 +156,8 @@ class HorovodBroadcast(Function):
         return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
+        grad = grad_output
         root_rank, name, ps = ctx.args
         reduced = HorovodAllreduce.apply(grad, None, _grad_name(name), Average, 1.0, 1.0, ps, 0)
         if hora.rank() != root_rank:
@@ -159,7 +174,8 @@ class HorovodAlltoall(Function):
         return output, received
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _grad_splits: Any):  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor, *_dead: Any):  # type: ignore[override]
+        grad = grad_output
         name, ps = ctx.args
         back, _ = HorovodAlltoall.apply(grad, ctx.received, _grad_name(name), ps)
         return back, None, None, None
@@ -167,13 +183,14 @@ class HorovodAlltoall(Function):
 
 class HorovodReducescatter(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, name, op, process_set, prescale, postscale):  # type: ignore[override]
+    def forward(ctx: Any, tensor, name, op, process_set, prescale_factor, postscale_factor):  # type: ignore[override]
         ctx.args = (name, op, process_set)
-        h = reducescatter_async(tensor, name, op, process_set, prescale, postscale)
+        h = reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
         return synchronize(h)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
+        grad = grad_output
         name, op, ps = ctx.args
         if op == Sum:
             grad = grad * _set(ps).size()
@@ -182,9 +199,10 @@ class HorovodReducescatter(Function):
 
 class HorovodGroupedReducescatter(Function):
     @staticmethod
-    def forward(ctx: Any, name, op, process_set, prescale, postscale, *tensors):  # type: ignore[override]
+    def forward(ctx: Any, name, op, process_set, prescale_factor, postscale_factor, *tensors):  # type: ignore[override]
         ctx.args = (name, op, process_set)
-        h = grouped_reducescatter_async(tensors, name, op, process_set, prescale, postscale)
+        pre, post = prescale_factor, postscale_factor
+        h = grouped_reducescatter_async(tensors, name, op, process_set, pre, post)
         return tuple(synchronize(h))
 
     @staticmethod

@@ -29,7 +29,7 @@ Params = Mapping[str, torch.Tensor] | Iterable[torch.Tensor | tuple[str, torch.T
 
 
 def broadcast_parameters(
-    params: Params, root_rank: int, process_set: ProcessSet = global_process_set
+    params: Params, root_rank: int, *, process_set: ProcessSet = global_process_set
 ) -> None:
     """Overwrite each tensor in ``params`` with the root's, in place.
 
@@ -94,6 +94,7 @@ def broadcast_optimizer_state(
     optimizer: torch.optim.Optimizer,
     root_rank: int,
     model: torch.nn.Module | None = None,
+    *,
     process_set: ProcessSet = global_process_set,
 ) -> None:
     """Make ``optimizer`` (plain or wrapped, e.g. a ``DistributedOptimizer``) equal to the root's:
@@ -143,7 +144,7 @@ def broadcast_optimizer_state(
                     device = p.device if on_param_device else torch.device("cpu")
                     state[key] = current = torch.zeros(shape, dtype=dtype, device=device)
                 tensors.append((f"optimizer_state.{g}.{i}.{key}", current))
-    broadcast_parameters(tensors, root_rank, process_set)
+    broadcast_parameters(tensors, root_rank, process_set=process_set)
 
 
 def broadcast_object(
@@ -157,7 +158,7 @@ def broadcast_object(
 
 
 def allgather_object(
-    obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set
+    obj: Any, name: str | None = None, *, process_set: ProcessSet = global_process_set
 ) -> list[Any]:
     """Every rank's ``obj``, as a list in rank order."""
     return ops.allgather_object(obj, name, process_set)

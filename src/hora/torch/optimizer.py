@@ -398,6 +398,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name for a factory
     groups: int | list[list[torch.Tensor]] | None = None,
     sparse_as_dense: bool = False,
     process_set: ProcessSet = global_process_set,
+    *,
     priority: Any = None,
 ) -> _DistributedOptimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged (``op``) over the ranks.

@@ -113,6 +113,7 @@ class SyncBatchNorm(_BatchNorm):
         momentum: float | None = 0.1,
         affine: bool = True,
         track_running_stats: bool = True,
+        *,
         process_set: ProcessSet = global_process_set,
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats)

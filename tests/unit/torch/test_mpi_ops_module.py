@@ -62,8 +62,8 @@ def test_function_classes_are_autograd_functions() -> None:
     for name in FUNCTIONS:
         assert issubclass(getattr(mpi_ops, name), torch.autograd.Function), name
     params = list(inspect.signature(mpi_ops.HorovodAllreduce.forward).parameters)
-    assert params[:8] == ["ctx", "tensor", "average", "name", "op", "prescale", "postscale",
-                          "process_set"]  # fmt: skip
+    assert params[:8] == ["ctx", "tensor", "average", "name", "op", "prescale_factor",
+                          "postscale_factor", "process_set"]  # fmt: skip
     params = list(inspect.signature(mpi_ops.HorovodGroupedAllreduce.forward).parameters)
     assert params[:2] == ["ctx", "average"]
 
