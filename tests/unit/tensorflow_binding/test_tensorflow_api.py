@@ -81,6 +81,8 @@ def test_tensorflow_signature(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(HOROVOD_KERAS))
 def test_keras_signature(module: object, name: str) -> None:
     want = HOROVOD_KERAS[name].split()
+    if module is hk and name == "DistributedOptimizer":  # horovod.keras's own order
+        want = [*want[:8], "num_groups", "groups"]
     assert params(getattr(module, name))[: len(want)] == want
 
 
