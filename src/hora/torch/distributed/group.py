@@ -1,0 +1,390 @@
+"""hora's ``torch.distributed`` process group: torch's collectives on hora's engine.
+
+torch calls :func:`create` from ``init_process_group(backend="hora")`` (after
+:mod:`hora_torch_plugin` registered the name). It starts hora if the script has not
+(:mod:`hora.torch.distributed.bootstrap`) and returns a :class:`HoraProcessGroup`, a Python
+subclass of ``torch.distributed.ProcessGroup`` that torch's C++ side (DDP's reducer, its
+parameter broadcast) calls through its trampoline as ``dist.*`` calls do from Python.
+
+Every collective is submitted with ``hora.torch``'s async ops on the group's hora process set
+and returns a :class:`~hora.torch.distributed.work.HoraWork`. The ops run where hora runs them:
+negotiated and fused by the engine thread, over hora's transports, in hora's timeline.
+``dist.new_group(ranks)`` becomes a hora process set (negotiated by every rank, as torch's
+``new_group`` is called by every rank). Calls hora has no counterpart for (point-to-point,
+gather, scatter, reduce to one root) raise ``NotImplementedError`` naming the call at once, on
+every rank that makes it, so none waits on a peer that gave up. Submission runs in the
+caller's thread (the training thread, or DDP's autograd thread); completion in the engine
+thread.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import hora.torch as hvd
+from hora.torch.distributed.bootstrap import ensure_hora
+from hora.torch.distributed.work import HoraWork, backend_error
+
+_R = dist.ReduceOp
+_OPS = {
+    _R.SUM: hvd.Sum,
+    _R.AVG: hvd.Average,
+    _R.MIN: hvd.Min,
+    _R.MAX: hvd.Max,
+    _R.PRODUCT: hvd.Product,
+}
+
+
+def _op(reduce_op: Any, call: str) -> int:
+    for torch_op, hora_op in _OPS.items():
+        if reduce_op == torch_op:
+            return int(hora_op)
+    raise ValueError(
+        f"hora backend: {call} with {reduce_op} is not supported; hora reduces with "
+        "ReduceOp.SUM, AVG, MIN, MAX or PRODUCT"
+    )
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(-1)
+
+
+class HoraProcessGroup(dist.ProcessGroup):
+    """The ranks ``ranks`` (global) as one torch process group over a hora process set."""
+
+    def __init__(self, store: Any, rank: int, size: int, ranks: list[int],
+                 process_set: Any) -> None:  # fmt: skip
+        super().__init__(rank, size)  # the (store, rank, size) form skips the trampoline
+        self._store = store
+        self._rank = rank
+        self._size = size
+        self._ranks = list(ranks)
+        self._set = process_set
+
+    # -- identity ---------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "hora"
+
+    def getRank(self) -> int:  # noqa: N802
+        return self._rank
+
+    def getSize(self) -> int:  # noqa: N802
+        return self._size
+
+    @property
+    def process_set(self) -> Any:
+        """The hora process set this group runs on."""
+        return self._set
+
+    def __repr__(self) -> str:
+        return f"<HoraProcessGroup rank {self._rank} of {self._ranks}>"
+
+    # -- submission helpers -----------------------------------------------------------------
+    def _work(self, call: str, outputs: list[torch.Tensor], start: Any,
+              finish: Any = None) -> HoraWork:  # fmt: skip
+        """Submit through ``start() -> [handles]``; a failure to submit (bad input) raises
+        at once as torch's error naming ``call``."""
+        try:
+            handles = start()
+        except (ValueError, TypeError, NotImplementedError) as e:
+            raise type(e)(f"hora backend: {call}: {e}") from e
+        except Exception as e:
+            raise backend_error(call, e) from e
+        return HoraWork(call, outputs, handles, finish)
+
+    # -- reductions -------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
+        op = _op(opts.reduceOp if opts is not None else _R.SUM, "allreduce")
+        return self._allreduce("allreduce", list(tensors), op)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
+        op = _op(opts.reduceOp if opts is not None else _R.SUM, "allreduce_coalesced")
+        return self._allreduce("allreduce_coalesced", list(tensors), op)
+
+    def _allreduce(self, call: str, tensors: list[torch.Tensor], op: int) -> HoraWork:
+        def start() -> list[Any]:
+            if len(tensors) == 1:
+                return [hvd.allreduce_async_(tensors[0], op=op, process_set=self._set)]
+            return [hvd.grouped_allreduce_async_(tensors, op=op, process_set=self._set)]
+
+        return self._work(call, tensors, start)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> HoraWork:  # fmt: skip
+        call = "reduce_scatter"
+        op = _op(opts.reduceOp if opts is not None else _R.SUM, call)
+        inputs = [torch.cat([_flat(t) for t in chunks]).view(self._size, -1)
+                  for chunks in input_lists]  # fmt: skip
+        return self._reduce_scatter(call, list(outputs), inputs, op)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> HoraWork:  # fmt: skip
+        call = "reduce_scatter_tensor"
+        op = _op(opts.reduceOp if opts is not None else _R.SUM, call)
+        return self._reduce_scatter(call, [output], [self._rows(input, output, call)], op)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor],
+                                        opts: Any = None) -> HoraWork:  # fmt: skip
+        call = "reduce_scatter_tensor_coalesced"
+        op = _op(opts.reduceOp if opts is not None else _R.SUM, call)
+        rows = [self._rows(i, o, call) for o, i in zip(outputs, inputs)]
+        return self._reduce_scatter(call, list(outputs), rows, op)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _rows(self, input: torch.Tensor, output: torch.Tensor, call: str) -> torch.Tensor:
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(
+                f"hora backend: {call}: the input has {input.numel()} elements, the output "
+                f"{output.numel()}; the input must hold the group's size ({self._size}) times "
+                "the output's"
+            )
+        return _flat(input).view(self._size, -1)
+
+    def _reduce_scatter(self, call: str, outputs: list[torch.Tensor],
+                        inputs: list[torch.Tensor], op: int) -> HoraWork:  # fmt: skip
+        def start() -> list[Any]:
+            if len(inputs) == 1:
+                return [hvd.reducescatter_async(inputs[0], op=op, process_set=self._set)]
+            return [hvd.grouped_reducescatter_async(inputs, op=op, process_set=self._set)]
+
+        def finish(results: list[Any]) -> None:
+            got = results[0] if len(inputs) == 1 else None
+            parts = [got] if got is not None else results[0]
+            for out, part in zip(outputs, parts):
+                out.copy_(part.view(out.shape))
+
+        return self._work(call, outputs, start, finish)
+
+    # -- broadcast --------------------------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
+        root = opts.rootRank if opts is not None else 0
+        if not 0 <= root < self._size:
+            raise ValueError(f"hora backend: broadcast: root rank {root} is not in the group "
+                             f"of {self._size}")  # fmt: skip
+        global_root = self._ranks[root]
+        tensors = list(tensors)
+        return self._work(
+            "broadcast",
+            tensors,
+            lambda: [hvd.broadcast_async_(t, global_root, process_set=self._set)
+                     for t in tensors],
+        )  # fmt: skip
+
+    # -- gathers ----------------------------------------------------------------------------
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> HoraWork:  # fmt: skip
+        return self._allgather("allgather", output_lists, list(inputs))
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            inputs: list[torch.Tensor], opts: Any = None) -> HoraWork:  # fmt: skip
+        return self._allgather("allgather_coalesced", output_lists, list(inputs))
+
+    def _allgather(self, call: str, output_lists: list[list[torch.Tensor]],
+                   inputs: list[torch.Tensor]) -> HoraWork:  # fmt: skip
+        for outs in output_lists:
+            if len(outs) != self._size:
+                raise ValueError(f"hora backend: {call}: each output list must hold "
+                                 f"{self._size} tensors, got {len(outs)}")  # fmt: skip
+
+        def finish(parts: list[torch.Tensor]) -> None:
+            for outs, got in zip(output_lists, parts):
+                chunks = got.view(self._size, -1)
+                for i, out in enumerate(outs):
+                    out.copy_(chunks[i].view(out.shape))
+
+        flat = [out for outs in output_lists for out in outs]
+        return self._gather(call, flat, [_flat(t) for t in inputs], finish)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> HoraWork:  # fmt: skip
+        return self._into("all_gather_into_tensor", [output], [input])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
+                                    inputs: list[torch.Tensor],
+                                    opts: Any = None) -> HoraWork:  # fmt: skip
+        return self._into("all_gather_into_tensor_coalesced", list(outputs), list(inputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _into(self, call: str, outputs: list[torch.Tensor],
+              inputs: list[torch.Tensor]) -> HoraWork:  # fmt: skip
+        for o, i in zip(outputs, inputs):
+            if o.numel() != i.numel() * self._size:
+                raise ValueError(
+                    f"hora backend: {call}: the output has {o.numel()} elements, the input "
+                    f"{i.numel()}; the output must hold the group's size ({self._size}) times "
+                    "the input's"
+                )
+
+        def finish(parts: list[torch.Tensor]) -> None:
+            for out, got in zip(outputs, parts):
+                if got.numel() != out.numel():
+                    raise ValueError(f"gathered {got.numel()} elements into an output of "
+                                     f"{out.numel()}: the ranks' inputs differ in size")
+                out.copy_(got.view(out.shape))
+
+        return self._gather(call, outputs, [_flat(t) for t in inputs], finish)
+
+    def _gather(self, call: str, outputs: list[torch.Tensor], flat: list[torch.Tensor],
+                finish: Any) -> HoraWork:  # fmt: skip
+        def start() -> list[Any]:
+            if len(flat) == 1:
+                return [hvd.allgather_async(flat[0], process_set=self._set)]
+            return [hvd.grouped_allgather_async(flat, process_set=self._set)]
+
+        def done(results: list[Any]) -> None:
+            finish([results[0]] if len(flat) == 1 else list(results[0]))
+
+        return self._work(call, outputs, start, done)
+
+    # -- all-to-all -------------------------------------------------------------------------
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                 opts: Any = None) -> HoraWork:  # fmt: skip
+        call = "all_to_all"
+        if len(inputs) != self._size or len(outputs) != self._size:
+            raise ValueError(f"hora backend: {call}: needs {self._size} input and output "
+                             f"tensors, got {len(inputs)} and {len(outputs)}")  # fmt: skip
+        send = torch.cat([_flat(t) for t in inputs])
+        splits = [t.numel() for t in inputs]
+
+        def finish(results: list[Any]) -> None:
+            got, received = results[0]
+            parts = torch.split(got, [int(n) for n in received])
+            for out, part in zip(outputs, parts):
+                out.copy_(part.view(out.shape))
+
+        return self._work(
+            call,
+            list(outputs),
+            lambda: [hvd.alltoall_async(send, splits, process_set=self._set)],
+            finish,
+        )
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: Any = None) -> HoraWork:  # fmt: skip
+        call = "all_to_all_single"
+        splits = list(input_split_sizes) or None
+        source = input.detach().contiguous()
+
+        def finish(results: list[Any]) -> None:
+            got, _ = results[0]
+            if got.numel() != output.numel():
+                raise ValueError(f"received {got.numel()} elements for an output of "
+                                 f"{output.numel()}: output_split_sizes do not match what "
+                                 "the peers sent")  # fmt: skip
+            output.copy_(got.view(output.shape))
+
+        return self._work(
+            call,
+            [output],
+            lambda: [hvd.alltoall_async(source, splits, process_set=self._set)],
+            finish,
+        )
+
+    alltoall_base = all_to_all_single
+
+    # -- control ----------------------------------------------------------------------------
+    def barrier(self, opts: Any = None) -> HoraWork:
+        try:
+            hvd.barrier(process_set=self._set)
+        except Exception as e:
+            raise backend_error("barrier", e) from e
+        return HoraWork("barrier", [])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        self.barrier().wait()
+
+    # -- what hora does not do --------------------------------------------------------------
+    def _unsupported(self, call: str, instead: str) -> Any:
+        raise NotImplementedError(
+            f"hora backend: {call} is not supported (hora runs collectives every rank of a "
+            f"group joins); {instead}"
+        )
+
+    def send(self, *args: Any) -> Any:
+        return self._unsupported("send", "use a gloo group for point-to-point messages")
+
+    def recv(self, *args: Any) -> Any:
+        return self._unsupported("recv", "use a gloo group for point-to-point messages")
+
+    def recv_anysource(self, *args: Any) -> Any:
+        return self._unsupported("recv", "use a gloo group for point-to-point messages")
+
+    def gather(self, *args: Any) -> Any:
+        return self._unsupported("gather", "use all_gather and keep the root's result")
+
+    def scatter(self, *args: Any) -> Any:
+        return self._unsupported("scatter", "use broadcast or all_to_all")
+
+    def reduce(self, *args: Any) -> Any:
+        return self._unsupported("reduce", "use all_reduce and keep the root's result")
+
+    # -- subgroups --------------------------------------------------------------------------
+    def new_group(self, ranks: list[int], timeout: timedelta | None = None,
+                  pg_options: Any = None, group_name: str | None = None,
+                  group_desc: str | None = None) -> HoraProcessGroup | None:  # fmt: skip
+        """``dist.new_group(ranks)``, which torch hands to the default group on every rank:
+        the ranks become a hora process set (every rank takes part in adding it); None on a
+        rank outside ``ranks``."""
+        caller = sys._getframe(1).f_locals  # torch's _new_group_with_tag
+        backend = str(caller.get("backend") or "hora")
+        if backend != "hora":
+            raise NotImplementedError(
+                f"hora backend: new_group(backend={backend!r}) under backend='hora' is not "
+                "supported: hora's subgroups are hora process sets; leave backend= out"
+            )
+        if caller.get("use_local_synchronization"):
+            raise NotImplementedError(
+                "hora backend: new_group(use_local_synchronization=True) is not supported: "
+                "hora adds a process set with every rank; call new_group on every rank"
+            )
+        ranks = sorted(int(r) for r in ranks)
+        try:
+            ps = self._set if ranks == self._ranks else _process_set(ranks)
+        except Exception as e:
+            raise backend_error("new_group", e) from e
+        rank = hvd.rank()
+        if rank not in ranks:
+            return None
+        store = dist.PrefixStore(f"{group_name}/", self._store)
+        return HoraProcessGroup(store, ranks.index(rank), len(ranks), ranks, ps)
+
+
+def _process_set(ranks: list[int]) -> Any:
+    """The hora process set for ``ranks``: a new one (negotiated with every rank)."""
+    try:
+        return hvd.add_process_set(ranks)
+    except ValueError as e:
+        if "dynamic process sets" in str(e):
+            raise ValueError(
+                "dist.new_group needs hora's dynamic process sets: start hora with "
+                "hvd.init(process_sets='dynamic') or HOROVOD_DYNAMIC_PROCESS_SETS=1, or let "
+                "init_process_group(backend='hora') start it"
+            ) from e
+        raise
+
+
+def create(options: Any, backend_options: Any = None) -> HoraProcessGroup:
+    """torch's creator: the default group (every rank) on hora's global process set."""
+    ranks = list(options.global_ranks_in_group or [])
+    ensure_hora(options)
+    world = list(range(hvd.size()))
+    if ranks and ranks != world:
+        raise NotImplementedError(
+            "hora backend: a subgroup with backend='hora' needs hora as the default backend: "
+            "call init_process_group(backend='hora'), then dist.new_group(ranks)"
+        )
+    return HoraProcessGroup(options.store, options.group_rank, options.group_size, world,
+                            hvd.global_process_set)  # fmt: skip

@@ -1,0 +1,117 @@
+"""The ``torch.distributed.Work`` that hora's process group returns for every collective.
+
+A :class:`HoraWork` wraps the hora handles of one torch call. When the last handle completes
+(in hora's engine thread) it runs the call's finishing step (copying results into torch's
+output tensors), then completes its ``torch.futures.Future`` with the list of output tensors,
+as DDP's reducer and comm hooks expect; ``wait()`` blocks the caller until then. A failure of
+the engine (a peer lost, a mismatch between ranks, a stall) reaches both as
+``torch.distributed.DistBackendError`` naming the torch call. Thread-safe: the engine thread
+completes, any user thread waits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import hora.torch as hvd
+
+_Error: type[Exception] = getattr(dist, "DistBackendError", RuntimeError)
+
+
+def backend_error(call: str, error: BaseException) -> Exception:
+    """A torch error for hora's failure ``error`` in the torch call ``call``."""
+    if isinstance(error, _Error):
+        return error
+    text = str(error).strip() or type(error).__name__
+    return _Error(f"hora backend: {call} failed: {text}")
+
+
+class HoraWork(dist.Work):
+    """One torch collective in flight on hora's engine."""
+
+    def __init__(
+        self,
+        call: str,
+        outputs: list[torch.Tensor],
+        handles: Sequence[Any] = (),
+        finish: Callable[[list[Any]], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._call = call
+        self._outputs = outputs
+        self._finish = finish
+        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        self._done = threading.Event()
+        self._error: Exception | None = None
+        self._lock = threading.Lock()
+        self._handles = list(handles)
+        self._results: list[Any] = [None] * len(self._handles)
+        self._seen: set[int] = set()
+        if not self._handles:
+            self._complete()
+            return
+        for i, h in enumerate(self._handles):
+            h.add_done_callback(lambda h, i=i: self._one_done(i, h))
+
+    # -- the engine thread ------------------------------------------------------------------
+    def _one_done(self, i: int, handle: Any) -> None:
+        with self._lock:
+            if i in self._seen:  # a callback may be offered twice around completion
+                return
+            self._seen.add(i)
+        try:
+            self._results[i] = hvd.synchronize(handle)  # done: returns at once, frees the int
+        except BaseException as e:  # noqa: BLE001 - every failure goes to the waiter
+            with self._lock:
+                if self._error is None:
+                    self._error = backend_error(self._call, e)
+        with self._lock:
+            if len(self._seen) < len(self._handles):
+                return
+        self._complete()
+
+    def _complete(self) -> None:
+        if self._error is None and self._finish is not None:
+            try:
+                self._finish(self._results)
+            except BaseException as e:  # noqa: BLE001
+                self._error = backend_error(self._call, e)
+        self._results = []
+        self._done.set()
+        if self._error is not None:
+            self._future.set_exception(self._error)
+        else:
+            self._future.set_result(self._outputs)
+
+    # -- torch's side -----------------------------------------------------------------------
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the collective is over; raise its failure (DistBackendError)."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> Exception | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.is_set() else "pending"
+        return f"<HoraWork {self._call} {state}>"
