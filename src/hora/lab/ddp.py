@@ -1,0 +1,295 @@
+"""``hora bench ddp``: the same DDP script on ``backend="gloo"`` and ``backend="hora"``.
+
+For each backend this module starts ``--np`` fresh worker processes on this host, as torchrun
+would (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), and each
+runs the one script below with only the ``backend=`` string changed: ``DistributedDataParallel``
+training of the scaling lab's models (:func:`hora.lab.train_worker.build`: mlp, cnn, ... on
+synthetic batches, SGD), then ``dist.all_reduce`` of float32 buffers size by size. Rank 0
+reports images per second for each model and the median latency and bus bandwidth of each size;
+the table puts the two backends side by side with their ratio (hora over Gloo: above 1, hora
+is faster). ``--repeat R`` runs the backends R times in turn and keeps each measurement's best
+round, so both see the same moments of a shared machine.
+
+The parent runs in the caller's thread and blocks while the workers run; a worker is this
+module run as ``python -m hora.lab.ddp --worker PLAN`` (its main thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+BACKENDS = ("gloo", "hora")
+DEFAULT_MODELS = ("mlp", "cnn")
+DEFAULT_SIZES = "4K,64K,1M,16M"
+EXAMPLES = """examples:
+  hora bench ddp                              mlp and cnn, then all_reduce 4 KiB to 16 MiB, np=2
+  hora bench ddp --repeat 3 --json ddp.json   best of three interleaved rounds, saved
+  hora bench ddp --models mlp --sizes 1M --steps 50
+"""
+
+_IDENTITY = re.compile(
+    r"^(HORA|HOROVOD)_(RANK|SIZE|LOCAL_RANK|LOCAL_SIZE|CROSS_RANK|CROSS_SIZE|HOSTNAME|"
+    r"RENDEZVOUS_ADDR|RENDEZVOUS_PORT|SECRET_KEY)$"
+    r"|^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)$"
+)
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text.upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"size {text!r}: give bytes, e.g. 4K, 1M, 16M")
+    return int(m.group(1)) * units[m.group(2)]
+
+
+def default_iters(nbytes: int) -> int:
+    return 200 if nbytes <= 1 << 20 else 30
+
+
+# -- the worker: the one DDP script, either backend --------------------------------------------
+def worker(plan: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hora.lab.train_worker import DEFAULT_BATCH, TrainSpec, build
+
+    backend = plan["backend"]
+    if backend == "hora":
+        import hora.torch.distributed  # noqa: F401 - registers backend="hora"
+    torch.set_num_threads(1)
+    dist.init_process_group(backend=backend)  # the only line that differs
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out: dict[str, Any] = {"backend": backend, "np": size, "train": {}, "allreduce": []}
+    for model in plan["models"]:
+        batch = int(plan["batch"].get(model) or DEFAULT_BATCH[model])
+        spec = TrainSpec(model, batch, int(plan["steps"]), int(plan["warmup"]))
+        net, batches, loss_fn = build(spec, rank, size)
+        ddp = DDP(net)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+        def step(ddp: Any = ddp, opt: Any = opt, batches: Any = batches,
+                 loss_fn: Any = loss_fn) -> float:  # fmt: skip
+            x, y = batches()
+            opt.zero_grad()
+            loss = loss_fn(ddp(x), y)
+            loss.backward()
+            opt.step()
+            return float(loss.detach())
+
+        for _ in range(spec.warmup):
+            step()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(spec.steps):
+            loss = step()
+        elapsed = time.perf_counter() - start
+        out["train"][model] = {
+            "batch": batch,
+            "steps": spec.steps,
+            "img_per_s": batch * size * spec.steps / elapsed,
+            "loss": loss,
+        }
+    for nbytes in plan["sizes"]:
+        x = torch.zeros(max(1, nbytes // 4))
+        iters = int(plan["iters"] or default_iters(nbytes))
+        for _ in range(max(2, iters // 10)):
+            dist.all_reduce(x)
+        dist.barrier()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            times.append(time.perf_counter() - t0)
+        p50 = statistics.median(times)
+        busbw = nbytes / p50 * 2 * (size - 1) / size / 1e9
+        out["allreduce"].append({"bytes": nbytes, "p50_us": p50 * 1e6, "busbw_gbs": busbw})
+    dist.barrier()
+    if rank == 0:
+        with open(plan["out"] + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.replace(plan["out"] + ".tmp", plan["out"])
+    dist.destroy_process_group()
+
+
+# -- the parent ---------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return ""
+
+
+def run_backend(plan: dict[str, Any], np_: int, tmp: str, timeout: float) -> dict[str, Any]:
+    """One backend's workers, torchrun-style; rank 0's results (RuntimeError on failure)."""
+    backend = plan["backend"]
+    plan = dict(plan, out=os.path.join(tmp, f"{backend}.json"))
+    plan_path = os.path.join(tmp, f"{backend}.plan.json")
+    with open(plan_path, "w") as f:
+        json.dump(plan, f)
+    env = {k: v for k, v in os.environ.items() if not _IDENTITY.match(k)}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(np_),
+               LOCAL_WORLD_SIZE=str(np_))  # fmt: skip
+    procs, logs = [], []
+    try:
+        for rank in range(np_):
+            log = os.path.join(tmp, f"{backend}.{rank}.log")
+            logs.append(log)
+            with open(log, "wb") as f:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "hora.lab.ddp", "--worker", plan_path],
+                    env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                    stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                ))  # fmt: skip
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{backend}: no result within {timeout:g} s\n{_tail(logs[0])}") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode]
+    if bad or not os.path.exists(plan["out"]):
+        rank = bad[0][0] if bad else 0
+        raise RuntimeError(f"{backend}: rank {rank} failed\n{_tail(logs[rank])}")
+    with open(plan["out"]) as f:
+        return dict(json.load(f))
+
+
+def _best(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Each measurement's best of two rounds of one backend."""
+    if a is None:
+        return b
+    for model, row in b["train"].items():
+        if row["img_per_s"] > a["train"][model]["img_per_s"]:
+            a["train"][model] = row
+    for i, row in enumerate(b["allreduce"]):
+        if row["p50_us"] < a["allreduce"][i]["p50_us"]:
+            a["allreduce"][i] = row
+    return a
+
+
+def run_ddp_bench(models: list[str], sizes: list[int], np_: int = 2, steps: int = 30,
+                  warmup: int = 5, batch: dict[str, int] | None = None, iters: int = 0,
+                  repeat: int = 1, timeout: float = 600.0,
+                  backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:  # fmt: skip
+    """Run the DDP script on each backend ``repeat`` times in turn; the best round of each."""
+    plan = {"models": models, "sizes": sizes, "steps": steps, "warmup": warmup,
+            "batch": batch or {}, "iters": iters}  # fmt: skip
+    best: dict[str, dict[str, Any] | None] = {b: None for b in backends}
+    tmp = tempfile.mkdtemp(prefix="hora-bench-ddp-")
+    try:
+        for r in range(repeat):
+            for backend in backends:
+                sys.stderr.write(f"hora bench ddp: {backend}, round {r + 1} of {repeat}\n")
+                got = run_backend(dict(plan, backend=backend), np_, tmp, timeout)
+                best[backend] = _best(best[backend], got)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"np": np_, "models": models, "sizes": sizes, "results": best}
+
+
+def render(result: dict[str, Any]) -> str:
+    res = result["results"]
+    g, h = res.get("gloo"), res.get("hora")
+    lines = [f"DDP on backend='gloo' and backend='hora', np={result['np']} (this host)", ""]
+    lines.append(f"{'model':<8}{'batch':>6}{'gloo img/s':>13}{'hora img/s':>13}{'hora/gloo':>11}")
+    for model in result["models"]:
+        gi, hi = g["train"][model]["img_per_s"], h["train"][model]["img_per_s"]
+        lines.append(f"{model:<8}{g['train'][model]['batch']:>6}{gi:>13.1f}{hi:>13.1f}"
+                     f"{hi / gi:>10.2f}x")  # fmt: skip
+    lines += ["", f"{'all_reduce':<11}{'gloo p50 us':>12}{'hora p50 us':>12}"
+              f"{'gloo GB/s':>11}{'hora GB/s':>11}{'hora/gloo':>11}"]  # fmt: skip
+    for ga, ha in zip(g["allreduce"], h["allreduce"]):
+        lines.append(f"{_human(ga['bytes']):<11}{ga['p50_us']:>12.1f}{ha['p50_us']:>12.1f}"
+                     f"{ga['busbw_gbs']:>11.3f}{ha['busbw_gbs']:>11.3f}"
+                     f"{ga['p50_us'] / ha['p50_us']:>10.2f}x")  # fmt: skip
+    lines += ["", "hora/gloo: hora's speed over Gloo's (img/s, or the inverse of p50 latency); "
+              "bus bandwidth = size / p50 * 2(n-1)/n"]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--np", type=int, default=2, help="processes per backend (default 2)")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help="models to train, comma-separated (default mlp,cnn)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per model")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="per-process batch size (default: the scaling lab's per model)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES,
+                        help=f"all_reduce sizes in bytes, comma-separated (default {DEFAULT_SIZES})")
+    parser.add_argument("--iters", type=int, default=0,
+                        help="timed all_reduce calls per size (default 200 up to 1 MiB, then 30)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of both backends in turn; each measurement's best is kept")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per backend run")
+    parser.add_argument("--json", default=None, help="also write the results to this file")
+
+
+def command(args: argparse.Namespace) -> int:
+    from hora.lab.train_worker import MODELS
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        raise SystemExit(f"hora bench ddp: unknown model(s) {unknown}: choose from {MODELS}")
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    batch = {m: args.batch for m in models} if args.batch else None
+    try:
+        result = run_ddp_bench(models, sizes, args.np, args.steps, args.warmup, batch,
+                               args.iters, max(1, args.repeat), args.timeout)  # fmt: skip
+    except RuntimeError as e:
+        sys.stderr.write(f"hora bench ddp: {e}\n")
+        return 1
+    print(render(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"] and len(argv) == 2:
+        with open(argv[1]) as f:
+            worker(json.load(f))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m hora.lab.ddp", epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure(parser)
+    return command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
