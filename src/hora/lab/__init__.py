@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "training step time, throughput and speedup per backend, process count and server count",
     ),
     "report": ("hora.lab.bench_report", "render saved scaling results again, or compare two"),
+    "ddp": ("hora.lab.ddp", "the same DDP training and dist.all_reduce on backend gloo and hora"),
 }
 
 
