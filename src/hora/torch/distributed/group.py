@@ -20,6 +20,7 @@ thread.
 from __future__ import annotations
 
 import sys
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +55,60 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().view(-1)
 
 
+_PERIOD_MAX = 512  # the longest pattern learnt; a longer one starts again (names stay bounded)
+
+
+class _Names:
+    """Names for a group's ops that repeat as a training loop repeats, so hora's response cache
+    serves them (an unnamed op is negotiated in full every time).
+
+    Every rank submits a group's collectives in the same order (torch asks it), so each rank
+    sees the same sequence of keys (call, reduce op, dtype, element count) and names each op by
+    its position in the pattern the sequence repeats: a key that continues the pattern takes
+    the next position, the pattern's first key starts it again, any other key extends it or,
+    mid-pattern, starts a new one. A DDP step's buckets thus get the same names step after
+    step. Ops that disagree between ranks (a shape mismatch) land on the same name, so hora's
+    mismatch check reports them. A name still in flight from an earlier op is waited for
+    before it is used again (that op was submitted by every rank before this one, so it
+    completes). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._period: list[tuple[Any, ...]] = []
+        self._pos = 0
+        self._live: dict[str, HoraWork] = {}
+
+    def name(self, key: tuple[Any, ...]) -> str:
+        with self._lock:
+            period, pos = self._period, self._pos
+            if pos < len(period) and period[pos] == key:
+                idx = pos
+            elif period and period[0] == key:
+                idx = 0
+            elif pos == len(period) < _PERIOD_MAX:
+                period.append(key)
+                idx = pos
+            else:
+                self._period = [key]
+                idx = 0
+            self._pos = idx + 1
+            name = f"c10d.{idx}"
+            before = self._live.get(name)
+        if before is not None and threading.current_thread().name != "hora-engine":
+            before.wait_quietly()
+        return name
+
+    def track(self, names: list[str], work: HoraWork) -> None:
+        with self._lock:
+            for n in names:
+                self._live[n] = work
+
+
+def _key(call: str, tensors: list[torch.Tensor], *extra: Any) -> tuple[Any, ...]:
+    return (call, *extra, *((t.dtype, t.numel()) for t in tensors))
+
+
 class HoraProcessGroup(dist.ProcessGroup):
     """The ranks ``ranks`` (global) as one torch process group over a hora process set."""
 
@@ -65,6 +120,7 @@ class HoraProcessGroup(dist.ProcessGroup):
         self._size = size
         self._ranks = list(ranks)
         self._set = process_set
+        self._names = _Names()
 
     # -- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -85,17 +141,23 @@ class HoraProcessGroup(dist.ProcessGroup):
         return f"<HoraProcessGroup rank {self._rank} of {self._ranks}>"
 
     # -- submission helpers -----------------------------------------------------------------
-    def _work(self, call: str, outputs: list[torch.Tensor], start: Any,
-              finish: Any = None) -> HoraWork:  # fmt: skip
-        """Submit through ``start() -> [handles]``; a failure to submit (bad input) raises
-        at once as torch's error naming ``call``."""
+    def _name(self, call: str, tensors: list[torch.Tensor], *extra: Any) -> str:
+        return self._names.name(_key(call, tensors, *extra))
+
+    def _work(self, call: str, outputs: list[torch.Tensor], start: Any, finish: Any = None,
+              names: list[str] | None = None) -> HoraWork:  # fmt: skip
+        """Submit through ``start() -> [handles]`` (the ops named ``names``); a failure to
+        submit (bad input) raises at once as torch's error naming ``call``."""
         try:
             handles = start()
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"hora backend: {call}: {e}") from e
         except Exception as e:
             raise backend_error(call, e) from e
-        return HoraWork(call, outputs, handles, finish)
+        work = HoraWork(call, outputs, handles, finish)
+        if names:
+            self._names.track(names, work)
+        return work
 
     # -- reductions -------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
@@ -107,12 +169,16 @@ class HoraProcessGroup(dist.ProcessGroup):
         return self._allreduce("allreduce_coalesced", list(tensors), op)
 
     def _allreduce(self, call: str, tensors: list[torch.Tensor], op: int) -> HoraWork:
+        name = self._name("allreduce", tensors, op)
+
         def start() -> list[Any]:
             if len(tensors) == 1:
-                return [hvd.allreduce_async_(tensors[0], op=op, process_set=self._set)]
-            return [hvd.grouped_allreduce_async_(tensors, op=op, process_set=self._set)]
+                return [hvd.allreduce_async_(tensors[0], name=name, op=op,
+                                             process_set=self._set)]  # fmt: skip
+            return [hvd.grouped_allreduce_async_(tensors, name=name, op=op,
+                                                 process_set=self._set)]  # fmt: skip
 
-        return self._work(call, tensors, start)
+        return self._work(call, tensors, start, names=[name])
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> HoraWork:  # fmt: skip
@@ -151,10 +217,14 @@ class HoraProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter(self, call: str, outputs: list[torch.Tensor],
                         inputs: list[torch.Tensor], op: int) -> HoraWork:  # fmt: skip
+        name = self._name("reducescatter", inputs, op)
+
         def start() -> list[Any]:
             if len(inputs) == 1:
-                return [hvd.reducescatter_async(inputs[0], op=op, process_set=self._set)]
-            return [hvd.grouped_reducescatter_async(inputs, op=op, process_set=self._set)]
+                return [hvd.reducescatter_async(inputs[0], name=name, op=op,
+                                                process_set=self._set)]  # fmt: skip
+            return [hvd.grouped_reducescatter_async(inputs, name=name, op=op,
+                                                    process_set=self._set)]  # fmt: skip
 
         def finish(results: list[Any]) -> None:
             got = results[0] if len(inputs) == 1 else None
@@ -162,7 +232,7 @@ class HoraProcessGroup(dist.ProcessGroup):
             for out, part in zip(outputs, parts):
                 out.copy_(part.view(out.shape))
 
-        return self._work(call, outputs, start, finish)
+        return self._work(call, outputs, start, finish, [name])
 
     # -- broadcast --------------------------------------------------------------------------
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
@@ -172,11 +242,13 @@ class HoraProcessGroup(dist.ProcessGroup):
                              f"of {self._size}")  # fmt: skip
         global_root = self._ranks[root]
         tensors = list(tensors)
+        names = [self._name("broadcast", [t], global_root) for t in tensors]
         return self._work(
             "broadcast",
             tensors,
-            lambda: [hvd.broadcast_async_(t, global_root, process_set=self._set)
-                     for t in tensors],
+            lambda: [hvd.broadcast_async_(t, global_root, name=n, process_set=self._set)
+                     for t, n in zip(tensors, names)],
+            names=names,
         )  # fmt: skip
 
     # -- gathers ----------------------------------------------------------------------------
@@ -238,15 +310,17 @@ class HoraProcessGroup(dist.ProcessGroup):
 
     def _gather(self, call: str, outputs: list[torch.Tensor], flat: list[torch.Tensor],
                 finish: Any) -> HoraWork:  # fmt: skip
+        name = self._name("allgather", flat)
+
         def start() -> list[Any]:
             if len(flat) == 1:
-                return [hvd.allgather_async(flat[0], process_set=self._set)]
-            return [hvd.grouped_allgather_async(flat, process_set=self._set)]
+                return [hvd.allgather_async(flat[0], name=name, process_set=self._set)]
+            return [hvd.grouped_allgather_async(flat, name=name, process_set=self._set)]
 
         def done(results: list[Any]) -> None:
             finish([results[0]] if len(flat) == 1 else list(results[0]))
 
-        return self._work(call, outputs, start, done)
+        return self._work(call, outputs, start, done, [name])
 
     # -- all-to-all -------------------------------------------------------------------------
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
@@ -264,11 +338,13 @@ class HoraProcessGroup(dist.ProcessGroup):
             for out, part in zip(outputs, parts):
                 out.copy_(part.view(out.shape))
 
+        name = self._name("alltoall", [send])
         return self._work(
             call,
             list(outputs),
-            lambda: [hvd.alltoall_async(send, splits, process_set=self._set)],
+            lambda: [hvd.alltoall_async(send, splits, name=name, process_set=self._set)],
             finish,
+            [name],
         )
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -286,11 +362,13 @@ class HoraProcessGroup(dist.ProcessGroup):
                                  "the peers sent")  # fmt: skip
             output.copy_(got.view(output.shape))
 
+        name = self._name("alltoall", [source])
         return self._work(
             call,
             [output],
-            lambda: [hvd.alltoall_async(source, splits, process_set=self._set)],
+            lambda: [hvd.alltoall_async(source, splits, name=name, process_set=self._set)],
             finish,
+            [name],
         )
 
     alltoall_base = all_to_all_single

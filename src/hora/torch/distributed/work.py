@@ -11,6 +11,7 @@ completes, any user thread waits.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,64 +47,82 @@ class HoraWork(dist.Work):
         self._outputs = outputs
         self._finish = finish
         self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-        self._done = threading.Event()
         self._error: Exception | None = None
-        self._lock = threading.Lock()
         self._handles = list(handles)
-        self._results: list[Any] = [None] * len(self._handles)
+        self._settled = False
+        self._settling = threading.Lock()  # held while one thread settles the work
+        self._lock = threading.Lock()
         self._seen: set[int] = set()
         if not self._handles:
-            self._complete()
+            self._settle()
             return
         for i, h in enumerate(self._handles):
-            h.add_done_callback(lambda h, i=i: self._one_done(i, h))
+            h.add_done_callback(lambda h, i=i: self._one_done(i))
 
-    # -- the engine thread ------------------------------------------------------------------
-    def _one_done(self, i: int, handle: Any) -> None:
+    def _one_done(self, i: int) -> None:
+        """A handle's completion (the engine thread): the last one settles the work."""
         with self._lock:
             if i in self._seen:  # a callback may be offered twice around completion
                 return
             self._seen.add(i)
-        try:
-            self._results[i] = hvd.synchronize(handle)  # done: returns at once, frees the int
-        except BaseException as e:  # noqa: BLE001 - every failure goes to the waiter
-            with self._lock:
-                if self._error is None:
-                    self._error = backend_error(self._call, e)
-        with self._lock:
             if len(self._seen) < len(self._handles):
                 return
-        self._complete()
+        self._settle()
 
-    def _complete(self) -> None:
-        if self._error is None and self._finish is not None:
-            try:
-                self._finish(self._results)
-            except BaseException as e:  # noqa: BLE001
-                self._error = backend_error(self._call, e)
-        self._results = []
-        self._done.set()
+    def _settle(self) -> None:
+        """Once every handle is done, in whichever thread comes first (the engine's callback
+        or a waiter): collect the results, run the finishing step, complete the future."""
+        with self._settling:
+            if self._settled:
+                return
+            results = []
+            for h in self._handles:
+                try:
+                    results.append(hvd.synchronize(h))  # done: returns at once, frees the int
+                except BaseException as e:  # noqa: BLE001 - every failure goes to the waiter
+                    results.append(None)
+                    if self._error is None:
+                        self._error = backend_error(self._call, e)
+            if self._error is None and self._finish is not None:
+                try:
+                    self._finish(results)
+                except BaseException as e:  # noqa: BLE001
+                    self._error = backend_error(self._call, e)
+            self._handles = []
+            self._settled = True
         if self._error is not None:
             self._future.set_exception(self._error)
         else:
             self._future.set_result(self._outputs)
 
+    def _wait_handles(self) -> None:
+        for h in list(self._handles):
+            with contextlib.suppress(BaseException):  # _settle reports it
+                h.wait()
+        self._settle()
+
     # -- torch's side -----------------------------------------------------------------------
     def wait(self, timeout: Any = None) -> bool:
         """Block until the collective is over; raise its failure (DistBackendError)."""
-        self._done.wait()
+        if not self._settled:
+            self._wait_handles()
         if self._error is not None:
             raise self._error
         return True
+
+    def wait_quietly(self) -> None:
+        """Block until the collective is over, whatever its outcome."""
+        if not self._settled:
+            self._wait_handles()
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         return self._future
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._settled
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._settled and self._error is None
 
     def exception(self) -> Exception | None:
         return self._error
@@ -113,5 +132,5 @@ class HoraWork(dist.Work):
         return self._outputs
 
     def __repr__(self) -> str:
-        state = "done" if self._done.is_set() else "pending"
+        state = "done" if self._settled else "pending"
         return f"<HoraWork {self._call} {state}>"
