@@ -121,6 +121,8 @@ class HoraProcessGroup(dist.ProcessGroup):
         self._ranks = list(ranks)
         self._set = process_set
         self._names = _Names()
+        self._group_name = ""
+        self._group_desc = "undefined"
 
     # -- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -131,6 +133,19 @@ class HoraProcessGroup(dist.ProcessGroup):
 
     def getSize(self) -> int:  # noqa: N802
         return self._size
+
+    # torch's ProcessGroup keeps these in its backends; this group has none of its own
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
 
     @property
     def process_set(self) -> Any:
@@ -437,7 +452,10 @@ class HoraProcessGroup(dist.ProcessGroup):
         if rank not in ranks:
             return None
         store = dist.PrefixStore(f"{group_name}/", self._store)
-        return HoraProcessGroup(store, ranks.index(rank), len(ranks), ranks, ps)
+        group = HoraProcessGroup(store, ranks.index(rank), len(ranks), ranks, ps)
+        group._group_name = str(group_name or "")
+        group._group_desc = str(group_desc or "undefined")
+        return group
 
 
 def _process_set(ranks: list[int]) -> Any:
