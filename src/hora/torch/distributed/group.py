@@ -99,6 +99,12 @@ class _Names:
             before.wait_quietly()
         return name
 
+    def reset(self) -> None:
+        """Forget the pattern: after a failed op (a mismatch) the ranks' patterns may differ,
+        and every rank sees the failure."""
+        with self._lock:
+            self._period, self._pos = [], 0
+
     def track(self, names: list[str], work: HoraWork) -> None:
         with self._lock:
             for n in names:
@@ -169,7 +175,7 @@ class HoraProcessGroup(dist.ProcessGroup):
             raise type(e)(f"hora backend: {call}: {e}") from e
         except Exception as e:
             raise backend_error(call, e) from e
-        work = HoraWork(call, outputs, handles, finish)
+        work = HoraWork(call, outputs, handles, finish, self._names.reset)
         if names:
             self._names.track(names, work)
         return work

@@ -41,8 +41,10 @@ class HoraWork(dist.Work):
         outputs: list[torch.Tensor],
         handles: Sequence[Any] = (),
         finish: Callable[[list[Any]], None] | None = None,
+        on_error: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
+        self._on_error = on_error
         self._call = call
         self._outputs = outputs
         self._finish = finish
@@ -90,6 +92,8 @@ class HoraWork(dist.Work):
                     self._error = backend_error(self._call, e)
             self._handles = []
             self._settled = True
+        if self._error is not None and self._on_error is not None:
+            self._on_error()
         if self._error is not None:
             self._future.set_exception(self._error)
         else:
