@@ -248,7 +248,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=0,
                         help="per-process batch size (default: the scaling lab's per model)")
     parser.add_argument("--sizes", default=DEFAULT_SIZES,
-                        help=f"all_reduce sizes in bytes, comma-separated (default {DEFAULT_SIZES})")
+                        help=f"all_reduce sizes, comma-separated (default {DEFAULT_SIZES})")
     parser.add_argument("--iters", type=int, default=0,
                         help="timed all_reduce calls per size (default 200 up to 1 MiB, then 30)")
     parser.add_argument("--repeat", type=int, default=1,
