@@ -45,8 +45,9 @@ def _op(reduce_op: Any, call: str) -> int:
     for torch_op, hora_op in _OPS.items():
         if reduce_op == torch_op:
             return int(hora_op)
+    what = str(getattr(reduce_op, "op", reduce_op)).rsplit(".", 1)[-1]
     raise ValueError(
-        f"hora backend: {call} with {reduce_op} is not supported; hora reduces with "
+        f"hora backend: {call} with ReduceOp.{what} is not supported; hora reduces with "
         "ReduceOp.SUM, AVG, MIN, MAX or PRODUCT"
     )
 

@@ -48,7 +48,11 @@ class HoraWork(dist.Work):
         self._call = call
         self._outputs = outputs
         self._finish = finish
-        self._future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        # torch's C++ side (DDP's reducer) sees a failure only as an error of the future it
+        # holds, which a callback raising gives: ``_done`` fires ``_future``, which raises or
+        # gives the outputs
+        self._done: torch.futures.Future[None] = torch.futures.Future()
+        self._future: torch.futures.Future[list[torch.Tensor]] = self._done.then(self._value)
         self._error: Exception | None = None
         self._handles = list(handles)
         self._settled = False
@@ -94,10 +98,12 @@ class HoraWork(dist.Work):
             self._settled = True
         if self._error is not None and self._on_error is not None:
             self._on_error()
+        self._done.set_result(None)
+
+    def _value(self, _: Any) -> list[torch.Tensor]:
         if self._error is not None:
-            self._future.set_exception(self._error)
-        else:
-            self._future.set_result(self._outputs)
+            raise self._error
+        return self._outputs
 
     def _wait_handles(self) -> None:
         for h in list(self._handles):
