@@ -491,7 +491,7 @@ class ElasticJob(Job):
         known = {h.name for h in kept}
         self._hosts = kept + [h for h in found if h.name not in known]
         live = [m for m in self.members if m.code is None and not m.leaving]
-        gone = [m for m in live if m.host not in by_name or _index(m.slot) >= by_name[m.host].slots]
+        gone = self._removed(live, by_name)
         for m in live:
             if m.retiring is not None and m not in gone:  # its host is listed again
                 log.info("elastic: host %s is back; worker %d stays", m.host, m.label)
@@ -504,6 +504,13 @@ class ElasticJob(Job):
         if any(m.id in self._current for m in left) and not added:
             # (workers that never joined a round leave without interrupting the job)
             self._hosts_changed(removed_only=True)
+
+    def _removed(self, live: list[_Member], hosts: dict[str, HostSlots]) -> list[_Member]:
+        """The workers of ``live`` that the hosts found now leave no room for: those of a host
+        that is gone, and those whose slot index is past their host's slots (Horovod's rule:
+        a host that shrinks loses its highest local ranks). A job whose slots are a
+        scheduler's tasks overrides it (:mod:`hora.spark.elastic`)."""
+        return [m for m in live if m.host not in hosts or _index(m.slot) >= hosts[m.host].slots]
 
     def _refill(self, hosts: list[HostSlots]) -> int:
         """Start workers on the free slots of ``hosts`` that are not blacklisted, up to
@@ -519,10 +526,16 @@ class ElasticJob(Job):
         for h in hosts:
             if self._blacklisted(h.name, now):
                 continue
-            for index in range(h.slots):
+            # as many new workers as the host has slots its workers do not take, on the
+            # lowest free indexes (a worker may stay on an index past a shrunk host's slots)
+            free = h.slots - sum(1 for s in busy if s.rsplit(":", 1)[0] == h.name)
+            index = 0
+            while free > 0 and len(new) < room:
                 slot = f"{h.name}:{index}"
-                if slot not in busy and len(new) < room:
+                if slot not in busy:
                     new.append(slot)
+                    free -= 1
+                index += 1
         if not new:
             return 0
         for host in {s.rsplit(":", 1)[0] for s in new} & set(self._blacklist):

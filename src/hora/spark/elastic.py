@@ -211,6 +211,33 @@ class SparkElasticJob(SchedulerJob):
                 hosts[task.host] = hosts.get(task.host, 0) + 1
         return [HostSlots(h, n) for h, n in hosts.items()]
 
+    def _removed(self, live: list[Any], hosts: dict[str, HostSlots]) -> list[Any]:
+        """A host's slots are its tasks, not numbered places: when Spark runs a lost task
+        again on another host, the first host has a slot less while its other workers are
+        healthy, whatever their slot index. So workers leave only where a host has more of
+        them than tasks: those no task took yet first, then the last started. A worker whose
+        task Spark runs again is gone already (the matcher reports its exit)."""
+        gone: list[Any] = []
+        with self._lock:
+            by_host: dict[str, list[Any]] = {}
+            for m in live:
+                if not self._superseded(m.worker):
+                    by_host.setdefault(m.host, []).append(m)
+            for host, members in by_host.items():
+                excess = len(members) - (hosts[host].slots if host in hosts else 0)
+                if excess > 0:
+                    order = sorted(members, key=lambda m: (m.worker.task is not None, -m.label))
+                    gone.extend(order[:excess])
+        return gone
+
+    def _superseded(self, worker: _TaskWorker) -> bool:
+        """Whether Spark started a newer attempt of ``worker``'s task (caller holds the
+        lock)."""
+        task = worker.task
+        return task is not None and any(
+            t.partition == task.partition and t.tid > task.tid for t in self._tasks.values()
+        )
+
     def _blacklist_host(self, host: str) -> None:
         log.info("hora.spark: a worker on %s failed; Spark runs its task again", host)
 
@@ -268,10 +295,8 @@ class SparkElasticJob(SchedulerJob):
                     w.task.code = int(store.get(key).decode())
                     self._running.remove(w)
                     w.finish(w.task.code)
-                elif not alive or any(
-                    t.partition == w.task.partition and t.tid > w.task.tid
-                    for t in self._tasks.values()
-                ):  # Spark ended the stage, or runs this task again: the worker is gone
+                elif not alive or self._superseded(w):
+                    # Spark ended the stage, or runs this task again: the worker is gone
                     self._running.remove(w)
                     w.finish(KILLED)
                 elif w.stopping and not w.asked:
