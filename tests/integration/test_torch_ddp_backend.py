@@ -379,3 +379,18 @@ def test_torch_entry_point_registers_hora_without_importing_it(tmp_path: Path) -
                          timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["hora", "True", "False"], out.stdout + out.stderr[-2000:]
+
+
+# -- hora bench ddp -------------------------------------------------------------------------
+@pytest.mark.timeout(240)
+def test_bench_ddp_runs_the_script_on_both_backends() -> None:
+    from hora.lab.ddp import render, run_ddp_bench
+
+    result = run_ddp_bench(["mlp"], [4096], np_=2, steps=2, warmup=1, iters=3, timeout=180)
+    for backend in ("gloo", "hora"):
+        got = result["results"][backend]
+        assert got["backend"] == backend and got["np"] == 2
+        assert got["train"]["mlp"]["img_per_s"] > 0
+        assert [row["bytes"] for row in got["allreduce"]] == [4096]
+    text = render(result)
+    assert "mlp" in text and "4 KiB" in text and "hora/gloo" in text
