@@ -75,6 +75,13 @@ def register() -> None:
 
 
 def plugin() -> None:
-    """The ``torch.backends`` entry point torch calls at ``import torch``."""
-    register()
+    """The ``torch.backends`` entry point torch calls at ``import torch``. It never raises:
+    torch would fail its own import; ``import hora.torch.distributed`` then says what is
+    wrong."""
+    try:
+        register()
+    except Exception as e:  # noqa: BLE001
+        import warnings
+
+        warnings.warn(f"hora's torch.distributed backend was not registered: {e}", stacklevel=2)
 
