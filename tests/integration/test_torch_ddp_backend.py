@@ -359,6 +359,22 @@ def test_torchrun_environment_starts_hora_through_torchs_store(tmp_path: Path) -
         assert line == f"RESULT {r} 2 {r} 2 [3.0, 3.0, 3.0] [2.0, 2.0]", line
 
 
+@pytest.mark.timeout(120)
+def test_hora_run_fills_torchs_environment(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    launcher = [sys.executable, "-c", "import sys; from hora.launch.cli import main; "
+                "sys.exit(main())"]  # fmt: skip
+    out = subprocess.run([*launcher, "run", "-np", "2", sys.executable, str(script)], env=env,
+                         capture_output=True, text=True, timeout=100)  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    lines = sorted(ln.split("RESULT ", 1)[1] for ln in out.stdout.splitlines() if "RESULT" in ln)
+    assert lines == [f"{r} 2 {r} 2 [3.0, 3.0, 3.0] [2.0, 2.0]" for r in range(2)], out.stdout
+
+
 def test_torch_entry_point_registers_hora_without_importing_it(tmp_path: Path) -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     section = pyproject.split('[project.entry-points."torch.backends"]', 1)[1].split("[", 1)[0]
