@@ -26,6 +26,12 @@ one fault once, in one phase, in one worker (``victim``). argv[1] is a JSON obje
 * ``fail_after``: ``{"id": worker, "wait": x}``: after DONE, that worker waits ``x`` seconds
   and exits with 3.
 * ``steps``; ``dir``: where the markers go (``fired`` once the fault fired, ``t_fault``).
+* ``framework`` (optional): ``numpy`` (the default: NumPy on ``hora``), ``tf2`` (a
+  ``tf.Variable`` trained by a ``tf.function`` step with ``hvd.DistributedGradientTape``,
+  ``hora.tensorflow``'s ``TensorFlowState`` and ``hvd.elastic.run``) or ``keras`` (tf_keras's
+  ``model.fit`` under ``hora.tensorflow.keras``: ``KerasState``, a ``DistributedOptimizer`` and
+  the elastic callbacks, committing at every batch; one batch per epoch). The same fault hooks
+  and the same ledger in every one; TensorFlow runs on one thread each way.
 
 At the end each worker prints ``DONE {json}``: its step, the committed-sample counter, the
 history of committed (step, size) pairs, its parameters, and its reset count.
@@ -42,10 +48,29 @@ import time
 
 import numpy as np
 
-import hora as hvd
-from hora.elastic import ObjectState, run
-
 CFG = json.loads(sys.argv[1])
+FRAMEWORK = CFG.get("framework", "numpy")
+if FRAMEWORK == "numpy":
+    import hora as hvd
+    from hora.elastic import ObjectState as BaseState
+    from hora.elastic import run
+else:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if FRAMEWORK == "keras":
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf_keras
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    if FRAMEWORK == "keras":
+        import hora.tensorflow.keras as hvd
+
+        BaseState = hvd.elastic.KerasState
+    else:
+        import hora.tensorflow as hvd
+
+        BaseState = hvd.elastic.TensorFlowState
+    run = hvd.elastic.run
 ME = os.environ["HORA_ELASTIC_ID"]
 PHASE, FAULT, VICTIM, STEPS = CFG["phase"], CFG["fault"], CFG["victim"], CFG["steps"]
 DIR = CFG["dir"]
@@ -108,7 +133,7 @@ def _swap(swap: dict) -> None:
     if swap["after_s"] <= 0:
         write(swap["hosts"])
         return
-    write("localhost:2\n127.0.0.1:2\n")
+    write(swap.get("both", "localhost:2\n127.0.0.1:2\n"))
     timer = threading.Timer(swap["after_s"], write, args=(swap["hosts"],))
     timer.daemon = True
     timer.start()
@@ -126,6 +151,11 @@ if PHASE == "reform":  # fault inside the re-formation: after the rank, before t
     _rt.Runtime.__init__ = _reforming  # type: ignore[method-assign]
 
 
+def f_lines(path: str) -> list[str]:
+    with open(path) as f:
+        return f.read().split()
+
+
 def _hosts_pending() -> bool:
     """Rank 0: a host change was written that the job has not taken in yet (hold the training
     until it has, so that a short job cannot end before discovery notices)."""
@@ -136,7 +166,8 @@ def _hosts_pending() -> bool:
             return False
         with open(CFG["hosts_file"]) as f:
             names = {line.rsplit(":", 1)[0] for line in f.read().split()}
-        return ME.split("+")[0].rsplit(":", 1)[0] not in names or hvd.size() != len(names) * 2
+        slots = sum(int(line.rsplit(":", 1)[1]) for line in f_lines(CFG["hosts_file"]))
+        return ME.split("+")[0].rsplit(":", 1)[0] not in names or hvd.size() != slots
     fired = os.path.exists(os.path.join(DIR, "fired"))
     if FAULT not in ("hosts", "none") and fired and not CFG.get("schedule"):
         return False
@@ -145,7 +176,7 @@ def _hosts_pending() -> bool:
     return min(slots, CFG["max_np"]) != hvd.size()
 
 
-def settle(state: ObjectState) -> None:
+def settle(state: BaseState) -> None:
     """Commit until the hosts written to the discovery file are the job's (at most
     ``hold_s``, 30 s by default)."""
     hold = CFG.get("hold_s", 30)
@@ -157,7 +188,7 @@ def settle(state: ObjectState) -> None:
         state.commit()
 
 
-class FaultyState(ObjectState):
+class FaultyState(BaseState):
     def sync(self) -> None:
         maybe_fault("sync")
         super().sync()
@@ -173,61 +204,128 @@ if os.environ.get("HOROVOD_HOSTNAME") != _host or os.environ["HOROVOD_LOCAL_RANK
 if ME.startswith("127.0.0.1"):
     time.sleep(CFG.get("late_start", 0))  # a slow new host
 hvd.init()
-state = FaultyState(
-    hvd.broadcast_object, hvd.rank, step=0, samples=0, history=[], params=np.zeros(4)
-)
+if FRAMEWORK == "numpy":
+    state = FaultyState(
+        hvd.broadcast_object, hvd.rank, step=0, samples=0, history=[], params=np.zeros(4)
+    )
+elif FRAMEWORK == "tf2":
+    weights = tf.Variable(tf.zeros(4, tf.float64))
+    state = FaultyState([weights], step=0, samples=0, history=[])
+else:
+    model = tf.keras.Sequential(
+        [tf.keras.Input((4,)), tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
+    )
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(LR))
+    # d(sum of outputs)/d(kernel) is the input: every step moves each weight by -LR
+    model.compile(optimizer=optimizer, loss=lambda _, y: tf.reduce_sum(y))
+    state = FaultyState(model, step=0, epoch=0, samples=0, history=[])
 resets: list[int] = []
 state.register_reset_callbacks([lambda: resets.append(hvd.size())])
 if os.environ.get("HORA_SIZE") != str(hvd.size()) or os.environ.get("HOROVOD_HOSTNAME") is None:
     raise SystemExit(f"{ME}: the worker environment does not match hvd.size() {hvd.size()}")
 
 
+def ledger(state: FaultyState, size: int) -> None:
+    """The step is committed next: count it (and its size), then maybe fault."""
+    if hvd.rank() == 0 and CFG.get("progress"):
+        with open(CFG["progress"], "a") as f:
+            f.write(f"{state.step} {hvd.size()}\n")
+    if hvd.rank() == 0 and CFG.get("times"):
+        with open(CFG["times"], "a") as f:
+            f.write(f"{time.time()!r} {state.step} {hvd.size()}\n")
+    if len(resumed) < len(resets):
+        resumed.append(time.time())
+    state.samples += BATCH * size
+    state.step += 1
+    state.history = [*state.history, (state.step, size)]
+    if state.step == 4:
+        maybe_fault("step")
+    time.sleep(CFG.get("step_s", 0.1))
+
+
+def after_commit(state: FaultyState) -> bool:
+    """Hold for new hosts; whether this worker returns from its training here."""
+    settle(state)
+    early = CFG.get("early")
+    return bool(early and early["id"] == ME and state.step == early["step"])
+
+
+if FRAMEWORK == "tf2":
+
+    @tf.function
+    def tf_step(grad: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(weights * grad)  # its gradient is grad, averaged over ranks
+        (averaged,) = hvd.DistributedGradientTape(tape).gradient(loss, [weights])
+        weights.assign_sub(LR * averaged)
+        return hvd.allreduce(tf.ones([1], tf.float64), op=hvd.Sum, name="size")
+
+
+class Ledger(tf.keras.callbacks.Callback if FRAMEWORK == "keras" else object):  # type: ignore
+    """model.fit's hooks: a batch (one epoch) is a step; it is counted before the commit."""
+
+    def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
+        maybe_add_host(state.step)
+
+    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+        ledger(state, hvd.size())
+
+
+class Settle(tf.keras.callbacks.Callback if FRAMEWORK == "keras" else object):  # type: ignore
+    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+        if after_commit(state):
+            self.model.stop_training = True
+
+
 @run
 def train(state: FaultyState) -> None:
     if state.step == 0:
         maybe_fault("start")
+    if FRAMEWORK == "keras":
+        callbacks = [Ledger(), hvd.elastic.UpdateBatchStateCallback(state),
+                     hvd.elastic.UpdateEpochStateCallback(state),
+                     hvd.elastic.CommitStateCallback(state), Settle()]  # fmt: skip
+        x, y = np.ones((1, 4), np.float32), np.zeros((1, 1), np.float32)
+        state.model.fit(x, y, batch_size=1, epochs=STEPS - state.step, verbose=0,
+                        shuffle=False, callbacks=callbacks)  # fmt: skip
+        return
     while state.step < STEPS:
         maybe_add_host(state.step)
         grad = np.array([state.step + 1, 1.0, 0.0, 0.0])
-        if state.step == 3 and PHASE == "allreduce":
+        if FRAMEWORK == "tf2":
+            size = int(tf_step(tf.constant([state.step + 1.0] * 4, tf.float64)).numpy()[0])
+        elif state.step == 3 and PHASE == "allreduce":
             handle = hvd.allreduce_async(grad, op=hvd.Sum, name="grad")
             maybe_fault("allreduce")
             out = hvd.synchronize(handle)
         else:
             out = hvd.allreduce(grad, op=hvd.Sum, name="grad")
-        if hvd.rank() == 0 and CFG.get("progress"):
-            with open(CFG["progress"], "a") as f:
-                f.write(f"{state.step} {hvd.size()}\n")
-        if hvd.rank() == 0 and CFG.get("times"):
-            with open(CFG["times"], "a") as f:
-                f.write(f"{time.time()!r} {state.step} {hvd.size()}\n")
-        if len(resumed) < len(resets):
-            resumed.append(time.time())
-        size = int(out[1])
-        state.params = state.params - LR * out[0] / size  # every rank adds step + 1
-        state.samples += BATCH * size
-        state.step += 1
-        state.history = [*state.history, (state.step, size)]
-        if state.step == 4:
-            maybe_fault("step")
-        time.sleep(CFG.get("step_s", 0.1))
+        if FRAMEWORK == "numpy":
+            size = int(out[1])
+            state.params = state.params - LR * out[0] / size  # every rank adds step + 1
+        ledger(state, size)
         state.commit()
-        settle(state)
-        early = CFG.get("early")
-        if early and early["id"] == ME and state.step == early["step"]:
+        if after_commit(state):
             return
 
 
 train(state)
 time.sleep(CFG.get("linger", 0))  # time for the launcher to start workers that come too late
+if FRAMEWORK == "numpy":
+    params = state.params.tolist()
+elif FRAMEWORK == "tf2":
+    params = weights.numpy().tolist()
+else:
+    params = state.model.get_weights()[0].ravel().astype(float).tolist()
 report = {
     "id": ME,
     "rank": hvd.rank(),
     "size": hvd.size(),
     "step": state.step,
+    "epoch": getattr(state, "epoch", state.step),
     "samples": state.samples,
     "history": state.history,
-    "params": state.params.tolist(),
+    "params": params,
     "resets": len(resets),
     "resumed": resumed,
 }

@@ -133,9 +133,10 @@ def _run_case(tmp_path: Path, phase: str, fault: str):
     return (case, *_launch(tmp_path, case["hosts"], cfg, flags))
 
 
-def _check_training(case: dict, done: dict, out: str) -> None:
+def _check_training(case: dict, done: dict, out: str, expected: list[float] | None = None) -> None:
     assert set(done) == case["survivors"], out
-    expected = [-0.01 * sum(range(1, STEPS + 1))] * 4
+    if expected is None:
+        expected = [-0.01 * sum(range(1, STEPS + 1))] * 4
     first = next(iter(done.values()))
     for report in done.values():
         assert report["size"] == case["size"], out
@@ -379,3 +380,69 @@ def test_a_worker_failing_after_another_finished_fails_the_job(tmp_path) -> None
     assert code == 3, out[-6000:]
     assert len(done) == 4, out[-6000:]
     assert "worker 0 (localhost:0) of the last round exited with 3" in out, out[-6000:]
+
+
+# -- the same scenarios under TensorFlow 2 and tf_keras ---------------------------------------
+#
+# The worker trains with hora.tensorflow (a tf.function step with DistributedGradientTape and
+# TensorFlowState) or with tf_keras's model.fit under hora.tensorflow.keras (KerasState, the
+# elastic callbacks, a commit at every batch), with the fault hooks and the ledger above. Every
+# TensorFlow process costs seconds of import on a small machine, so each framework runs one job
+# per kind of change on two one-slot hosts: a host added, a host removed, a worker killed (rank
+# 0, so the survivor's committed state is what goes on); and, for tf2, a host replaced while
+# its replacement still imports TensorFlow (the hand-over of the state to a slow new worker).
+ONE = "localhost:1\n"
+TWO = "localhost:1\n127.0.0.1:1\n"
+TF_CASES = {
+    "added": {"hosts": ONE, "after": TWO, "fault": "hosts", "np": 1,
+              "survivors": {"localhost:0", "127.0.0.1:0"}, "size": 2},
+    "removed": {"hosts": TWO, "after": ONE, "fault": "hosts", "np": 2,
+                "survivors": {"localhost:0"}, "size": 1},
+    "failed": {"hosts": TWO, "after": "", "fault": "sigkill", "np": 2,
+               "survivors": {"127.0.0.1:0"}, "size": 1},
+}  # fmt: skip
+
+
+def _tf_expected(framework: str) -> list[float]:
+    # tf2 adds step + 1 at each step as the NumPy worker does; the Keras model moves each
+    # weight by -0.01 per step (one batch of ones, loss the sum of the outputs)
+    return [-0.01 * (STEPS if framework == "keras" else sum(range(1, STEPS + 1)))] * 4
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("change", list(TF_CASES))
+@pytest.mark.parametrize("framework", ["tf2", "keras"])
+def test_tensorflow_workers_survive_each_change(tmp_path, framework: str, change: str) -> None:
+    pytest.importorskip("tensorflow")
+    if framework == "keras":
+        pytest.importorskip("tf_keras")
+    case = TF_CASES[change]
+    cfg = {"framework": framework, "phase": "step", "fault": case["fault"],
+           "victim": "localhost:0", "hosts_after": case["after"], "max_np": 2}  # fmt: skip
+    flags = ["-np", str(case["np"]), "--min-np", "1", "--max-np", "2"]
+    code, out, done, _ = _launch(tmp_path, case["hosts"], cfg, flags)
+    assert code == 0, out[-6000:]
+    _check_training(case, done, out[-6000:], _tf_expected(framework))
+    assert {r["resets"] for r in done.values()} <= {0, 1}, out[-6000:]
+    assert max(r["resets"] for r in done.values()) == 1, out[-6000:]
+    assert out.count(" formed with ") == 1, out[-6000:]
+    if change == "failed":
+        assert "(localhost:0) exited with 137" in out, out[-6000:]
+        assert "a collective failed (" in out, out[-6000:]  # rolled back to the last commit
+
+
+@pytest.mark.timeout(150)
+def test_a_tensorflow_host_replaced_while_its_replacement_imports(tmp_path) -> None:
+    """localhost:1 trains; at step 1 127.0.0.1:1 is added and localhost dropped a second
+    later, while the new worker still imports TensorFlow: localhost's worker holds the only
+    committed state and stays until the new one synced it (two resets), then leaves."""
+    pytest.importorskip("tensorflow")
+    cfg = {"framework": "tf2", "max_np": 2, "hold_s": 90,
+           "swap": {"step": 1, "after_s": 1, "both": TWO, "hosts": "127.0.0.1:1\n"}}  # fmt: skip
+    code, out, done, _ = _launch(tmp_path, ONE, cfg, ["-np", "1", "--min-np", "1",
+                                                      "--max-np", "2"])  # fmt: skip
+    assert code == 0, out[-6000:]
+    case = {"survivors": {"127.0.0.1:0"}, "size": 1}
+    _check_training(case, done, out[-6000:], _tf_expected("tf2"))
+    assert out.count(" formed with ") == 2, out[-6000:]
+    assert "holds the committed state and stays" in out, out[-6000:]

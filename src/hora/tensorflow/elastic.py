@@ -122,10 +122,18 @@ class TensorFlowKerasState(ObjectState):
     def _build_optimizer(self) -> None:
         """Create the optimizer's variables, so that new workers have as many as the others."""
         opt = self.optimizer
-        if opt is not None and hasattr(opt, "build") and not getattr(opt, "built", True):
-            trainable = list(self.model.trainable_variables)
-            if trainable:
-                opt.build(trainable)
+        trainable = list(self.model.trainable_variables)
+        if opt is None or not trainable:
+            return
+        # Keras 3 says ``built``; tf_keras's optimizer has ``_built`` only once built (so a
+        # new worker's optimizer had no slots and broadcast fewer variables than the others);
+        # tf_keras's legacy OptimizerV2 makes its slots in _create_all_weights
+        if getattr(opt, "built", False) or getattr(opt, "_built", False):
+            return
+        if hasattr(opt, "build"):
+            opt.build(trainable)
+        elif hasattr(opt, "_create_all_weights"):
+            opt._create_all_weights(trainable)
 
     def _save_variables(self) -> None:
         self._saved_model = _values(list(self.model.variables))
