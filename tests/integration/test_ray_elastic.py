@@ -167,3 +167,41 @@ def test_ray_executor_with_min_workers_runs_elastically(cluster, tmp_path):
         RayExecutor(settings, num_workers=2, min_workers=2)
     executor.shutdown()
     _assert_nothing_left(results[0][4])
+
+
+def _train_without_arguments():
+    """Horovod's worker_fn: no arguments; logs each epoch and returns what it saw."""
+    import numpy as np
+
+    import hora as hvd
+    from hora.elastic import ObjectState, run
+    from hora.ray import ray_logger
+    from hora.settings import load
+
+    hvd.init()
+    state = ObjectState(hvd.broadcast_object, hvd.rank, epoch=0)
+
+    @run
+    def loop(state):
+        while state.epoch < 3:
+            total = float(hvd.allreduce(np.ones(1), op=hvd.Sum, name="grad")[0])
+            ray_logger.log({"epoch": state.epoch, "size": total})
+            state.epoch += 1
+            state.commit()
+
+    loop(state)
+    return hvd.rank(), hvd.size(), os.environ.get("MY_RUN_TAG"), load().cycle_time_ms
+
+
+def test_horovods_calling_style(cluster):
+    """Horovod 0.28.1's way: the bounds in create_settings, the constructor's positional order,
+    env_vars (a knob among them), start(), run(worker_fn, callbacks) with worker_fn()."""
+    settings = ElasticRayExecutor.create_settings(2, 2, None, 60, 30, verbose=False)
+    env = {"MY_RUN_TAG": "tagged", "HOROVOD_CYCLE_TIME": "7"}
+    executor = ElasticRayExecutor(settings, False, 1, None, env)
+    executor.start()
+    seen = []
+    results = executor.run(_train_without_arguments, [seen.append])
+    # max_num_proc=2 of the settings bounds the job although the cluster has 4 slots
+    assert results == [(0, 2, "tagged", 7.0), (1, 2, "tagged", 7.0)]
+    assert seen == [{"epoch": e, "size": 2.0} for e in range(3)]

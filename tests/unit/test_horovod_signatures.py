@@ -319,6 +319,14 @@ HOROVOD: dict[str, dict[str, str]] = {
         "RayExecutor.run": "fn args kwargs callbacks",
         "RayExecutor.run_remote": "fn args kwargs",
         "RayExecutor.start": "executable_cls executable_args executable_kwargs extra_env_vars",
+        "ElasticRayExecutor": (
+            "settings use_gpu cpus_per_slot gpus_per_slot env_vars override_discovery"
+        ),
+        "ElasticRayExecutor.create_settings": (
+            "min_num_proc max_num_proc reset_limit elastic_timeout timeout_s "
+            "ssh_identity_file nics min_np max_np"
+        ),
+        "ElasticRayExecutor.run": "worker_fn callbacks",
     },
     "hora.tensorflow.elastic": {
         "ObjectState": "bcast_object get_rank",
@@ -347,19 +355,6 @@ KNOWN: dict[tuple[str, str], tuple[str, str]] = {
     ("hora.tensorflow.keras.callbacks", "BestModelCheckpoint"): (
         "monitor verbose save_weights_only mode save_freq",
         "hora has no save_weights_only yet",
-    ),
-    ("hora.ray", "ElasticRayExecutor"): (
-        "settings use_gpu cpus_per_slot gpus_per_slot env_vars override_discovery",
-        "hora's elastic Ray executor takes min_workers/max_workers (Horovod's newer API)",
-    ),
-    ("hora.ray", "ElasticRayExecutor.create_settings"): (
-        "min_num_proc max_num_proc reset_limit elastic_timeout timeout_s ssh_identity_file "
-        "nics min_np max_np",
-        "hora's settings carry no elastic bounds; the executor takes them",
-    ),
-    ("hora.ray", "ElasticRayExecutor.run"): (
-        "worker_fn callbacks",
-        "hora's run takes fn, args, kwargs as RayExecutor.run does",
     ),
 }
 

@@ -15,6 +15,7 @@ Runs in the caller's thread (the Ray driver); each :meth:`ElasticRayExecutor.run
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +32,8 @@ from hora.launch.config import ElasticOptions, LaunchConfig
 from hora.launch.hosts import HostSlots
 from hora.launch.process import ConsoleSink
 from hora.ray.callbacks import relay as callback_relay
-from hora.ray.config import RaySettings, create_settings
+from hora.ray.config import RaySettings
+from hora.ray.elastic_settings import ElasticRaySettings, create_elastic_settings
 from hora.ray.worker import Worker
 from hora.settings import load
 
@@ -117,29 +119,39 @@ class _RayJob(SchedulerJob):
 
 
 class ElasticRayExecutor:
-    """Horovod's ``ElasticRayExecutor``: ``run(fn)`` trains elastically on Ray actors.
+    """Horovod's ``ElasticRayExecutor``: ``run(worker_fn)`` trains elastically on Ray actors.
 
-    ``fn`` uses ``hvd.elastic.run`` and a state object as under ``hora run --min-np``.
-    ``min_workers`` workers are needed to start and to go on; at most ``max_workers`` run
-    (default: every slot of the cluster). Each worker reserves ``cpus_per_worker`` CPUs (and,
-    with ``use_gpu``, ``gpus_per_worker`` GPUs, default 1). ``reset_limit`` bounds the
-    re-formations; ``elastic_timeout`` (default ``HOROVOD_ELASTIC_TIMEOUT``, 600 s) how long a
-    round may take to form; ``cooldown_range`` (seconds, min and max) lets a node whose worker
-    failed come back, else it stays out of the job.
+    Horovod's way: ``settings = ElasticRayExecutor.create_settings(min_num_proc=2,
+    max_num_proc=8)``, ``ElasticRayExecutor(settings, use_gpu=False, cpus_per_slot=1)``,
+    ``start()``, ``run(worker_fn)`` (``worker_fn()`` uses ``hvd.elastic.run`` and a state
+    object as under ``hora run --min-np``). The settings' ``min_num_proc`` workers are needed
+    to start and to go on; at most ``max_num_proc`` run (default: every slot of the cluster).
+    Each worker reserves ``cpus_per_slot`` CPUs (and, with ``use_gpu``, ``gpus_per_slot``
+    GPUs, default 1); ``env_vars`` are set in every worker before it starts.
+
+    hora's keywords, after Horovod's, override the settings: ``min_workers``,
+    ``max_workers``, ``reset_limit``, ``elastic_timeout`` (default ``HOROVOD_ELASTIC_TIMEOUT``,
+    600 s: how long a round may take to form), ``cooldown_range`` (seconds, min and max: a node
+    whose worker failed comes back, else it stays out of the job), ``cpus_per_worker`` and
+    ``gpus_per_worker`` (as ``cpus_per_slot``/``gpus_per_slot``; fractions allowed).
     """
 
-    create_settings = staticmethod(create_settings)
+    create_settings = staticmethod(create_elastic_settings)
 
     def __init__(
         self,
         settings: RaySettings | None = None,
-        min_workers: int = 1,
+        use_gpu: bool = False,
+        cpus_per_slot: float = 1,
+        gpus_per_slot: float | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        override_discovery: bool = True,
+        *,
+        min_workers: int | None = None,
         max_workers: int | None = None,
         reset_limit: int | None = None,
-        cpus_per_worker: float = 1,
-        use_gpu: bool = False,
+        cpus_per_worker: float | None = None,
         gpus_per_worker: float | None = None,
-        override_discovery: bool = True,
         elastic_timeout: float | None = None,
         cooldown_range: tuple[int, int] | None = None,
     ):
@@ -148,21 +160,41 @@ class ElasticRayExecutor:
                 "ElasticRayExecutor(override_discovery=False): hora discovers the Ray nodes "
                 "itself; use hora.run(host_discovery_script=...) for a discovery script"
             )
-        if min_workers < 1 or (max_workers is not None and max_workers < min_workers):
+        if gpus_per_slot and not use_gpu:
             raise ValueError(
-                f"ElasticRayExecutor: min_workers={min_workers}, max_workers={max_workers}: "
-                "need 1 <= min_workers <= max_workers"
+                f"ElasticRayExecutor: gpus_per_slot={gpus_per_slot} needs use_gpu=True"
             )
-        if cpus_per_worker <= 0 and not use_gpu:
-            raise ValueError(f"ElasticRayExecutor: cpus_per_worker={cpus_per_worker} must be > 0")
-        self.settings = settings if settings is not None else create_settings()
-        self.min_workers = min_workers
-        self.max_workers = max_workers
-        self.reset_limit = reset_limit
-        self.cpus_per_worker = cpus_per_worker
-        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
-        self.elastic_timeout = elastic_timeout
-        self.cooldown_range = cooldown_range
+        if use_gpu and gpus_per_slot is not None and gpus_per_slot < 1:
+            raise ValueError(f"ElasticRayExecutor: gpus_per_slot={gpus_per_slot} must be >= 1")
+        self.settings = settings if settings is not None else create_elastic_settings()
+        bounds = self.settings if isinstance(self.settings, ElasticRaySettings) else None
+
+        def pick(given: Any, name: str, default: Any) -> Any:
+            return given if given is not None else getattr(bounds, name, default)
+
+        self.min_workers = int(pick(min_workers, "min_num_proc", 1))
+        self.max_workers = pick(max_workers, "max_num_proc", None)
+        if self.min_workers < 1 or (
+            self.max_workers is not None and self.max_workers < self.min_workers
+        ):
+            raise ValueError(
+                f"ElasticRayExecutor: min_workers={self.min_workers}, max_workers="
+                f"{self.max_workers}: need 1 <= min_workers <= max_workers (min_num_proc and "
+                "max_num_proc of create_settings)"
+            )
+        self.reset_limit = pick(reset_limit, "reset_limit", None)
+        self.elastic_timeout = pick(elastic_timeout, "elastic_timeout", None)
+        self.cooldown_range = pick(cooldown_range, "cooldown_range", None)
+        self.use_gpu = bool(use_gpu)
+        self.cpus_per_worker = cpus_per_worker if cpus_per_worker is not None else cpus_per_slot
+        if self.cpus_per_worker <= 0 and not use_gpu:
+            raise ValueError(
+                f"ElasticRayExecutor: cpus_per_slot={self.cpus_per_worker} must be > 0"
+            )
+        gpus = gpus_per_worker if gpus_per_worker is not None else gpus_per_slot
+        self.gpus_per_worker = (gpus or 1) if use_gpu else 0
+        self.cpus_per_slot, self.gpus_per_slot = self.cpus_per_worker, self.gpus_per_worker
+        self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
         self._job: _RayJob | None = None
 
     @property
@@ -182,21 +214,30 @@ class ElasticRayExecutor:
 
     def run(
         self,
-        fn: Callable[..., Any],
+        worker_fn: Callable[..., Any],
+        callbacks: Sequence[Callable[..., Any]] | None = None,
+        *,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
-        callbacks: Sequence[Callable[..., Any]] | None = None,
     ) -> list[Any]:
-        """``fn(*args, **kwargs)`` as an elastic job; the values of the last round's ranks in
-        rank order. LaunchError when the job fails (every node blacklisted, fewer than
-        ``min_workers`` left with no way to get more, the reset limit, a timeout).
+        """``worker_fn()`` (hora: ``worker_fn(*args, **kwargs)``) as an elastic job; the values
+        of the last round's ranks in rank order. LaunchError (a RuntimeError) when the job
+        fails (every node blacklisted, fewer than ``min_workers`` left with no way to get more,
+        the reset limit, a timeout).
 
         ``callbacks``: callables, each called in this process (in a thread of its own) with
         every value rank 0 logs with :func:`hora.ray.ray_logger.log`, in the order logged;
         all of them are delivered before ``run`` returns. A callback that raises stops the
         deliveries and ``run`` raises its exception once the job is over."""
+        if callbacks is not None and not all(callable(c) for c in callbacks):
+            raise TypeError(
+                f"ElasticRayExecutor.run(worker_fn, callbacks): callbacks={callbacks!r} must "
+                "be callables; pass the function's arguments as args=[...], kwargs={...}"
+            )
         self.start()
-        knobs = self.settings.knobs if self.settings.knobs is not None else load()
+        knobs = self.settings.knobs
+        if knobs is None:  # env_vars may set knobs too
+            knobs = load({**os.environ, **self.env_vars})
         timeout = (
             self.elastic_timeout if self.elastic_timeout is not None else knobs.elastic_timeout
         )
@@ -205,7 +246,9 @@ class ElasticRayExecutor:
             np=self.min_workers,
             start_timeout=self.settings.timeout_s,
             settings=knobs,
-            env={},  # the actors keep their own environment; the knobs come from settings
+            verbose=bool(getattr(self.settings, "verbose", 0)),
+            # the actors keep their own environment plus env_vars; the knobs come from settings
+            env=dict(self.env_vars),
         )
         options = ElasticOptions(
             min_np=self.min_workers,
@@ -227,7 +270,7 @@ class ElasticRayExecutor:
         ok = False
         try:
             results = run_on_job(
-                job, fn, args or (), kwargs, elastic=True, caller="ElasticRayExecutor.run"
+                job, worker_fn, args or (), kwargs, elastic=True, caller="ElasticRayExecutor.run"
             )
             ok = True
             return results

@@ -320,7 +320,7 @@ class RayExecutor:
         every value rank 0 logs with :func:`hora.ray.ray_logger.log`
         (:meth:`ElasticRayExecutor.run` says how)."""
         if self._elastic is not None:
-            return self._elastic.run(fn, args, kwargs, callbacks)
+            return self._elastic.run(fn, callbacks, args=args, kwargs=kwargs)
         actors = self._actors()
         call = (tuple(args or ()), dict(kwargs or {}))
         return self._with_callbacks(
