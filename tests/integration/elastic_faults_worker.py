@@ -26,12 +26,14 @@ one fault once, in one phase, in one worker (``victim``). argv[1] is a JSON obje
 * ``fail_after``: ``{"id": worker, "wait": x}``: after DONE, that worker waits ``x`` seconds
   and exits with 3.
 * ``steps``; ``dir``: where the markers go (``fired`` once the fault fired, ``t_fault``).
-* ``framework`` (optional): ``numpy`` (the default: NumPy on ``hora``), ``tf2`` (a
-  ``tf.Variable`` trained by a ``tf.function`` step with ``hvd.DistributedGradientTape``,
-  ``hora.tensorflow``'s ``TensorFlowState`` and ``hvd.elastic.run``) or ``keras`` (tf_keras's
-  ``model.fit`` under ``hora.tensorflow.keras``: ``KerasState``, a ``DistributedOptimizer`` and
-  the elastic callbacks, committing at every batch; one batch per epoch). The same fault hooks
-  and the same ledger in every one; TensorFlow runs on one thread each way.
+* ``framework`` (optional): ``numpy`` (the default: NumPy on ``hora``); ``torch`` (a
+  ``torch.nn.Linear`` under ``hora.torch``'s ``DistributedOptimizer`` and ``TorchState``);
+  ``tf2`` (a ``tf.Variable`` trained by a ``tf.function`` step with
+  ``hvd.DistributedGradientTape``, ``hora.tensorflow``'s ``TensorFlowState`` and
+  ``hvd.elastic.run``); ``keras`` (tf_keras's ``model.fit`` under ``hora.tensorflow.keras``:
+  ``KerasState``, a ``DistributedOptimizer`` and the elastic callbacks, committing at every
+  batch; one batch per epoch). The same fault hooks and the same ledger in every one; torch and
+  TensorFlow run on one thread (TensorFlow one each way).
 
 At the end each worker prints ``DONE {json}``: its step, the committed-sample counter, the
 history of committed (step, size) pairs, its parameters, and its reset count.
@@ -54,6 +56,14 @@ if FRAMEWORK == "numpy":
     import hora as hvd
     from hora.elastic import ObjectState as BaseState
     from hora.elastic import run
+elif FRAMEWORK == "torch":
+    import torch
+
+    import hora.torch as hvd
+
+    torch.set_num_threads(1)
+    BaseState = hvd.elastic.TorchState
+    run = hvd.elastic.run
 else:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if FRAMEWORK == "keras":
@@ -208,6 +218,12 @@ if FRAMEWORK == "numpy":
     state = FaultyState(
         hvd.broadcast_object, hvd.rank, step=0, samples=0, history=[], params=np.zeros(4)
     )
+elif FRAMEWORK == "torch":
+    model = torch.nn.Linear(4, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    sgd = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    state = FaultyState(model=model, optimizer=optimizer, step=0, samples=0, history=[])
 elif FRAMEWORK == "tf2":
     weights = tf.Variable(tf.zeros(4, tf.float64))
     state = FaultyState([weights], step=0, samples=0, history=[])
@@ -292,7 +308,13 @@ def train(state: FaultyState) -> None:
     while state.step < STEPS:
         maybe_add_host(state.step)
         grad = np.array([state.step + 1, 1.0, 0.0, 0.0])
-        if FRAMEWORK == "tf2":
+        if FRAMEWORK == "torch":
+            optimizer.zero_grad()
+            # the gradient of the sum of the outputs is the input: step + 1, averaged over ranks
+            model(torch.full((1, 4), state.step + 1.0)).sum().backward()
+            optimizer.step()
+            size = int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="size").item())
+        elif FRAMEWORK == "tf2":
             size = int(tf_step(tf.constant([state.step + 1.0] * 4, tf.float64)).numpy()[0])
         elif state.step == 3 and PHASE == "allreduce":
             handle = hvd.allreduce_async(grad, op=hvd.Sum, name="grad")
@@ -313,6 +335,8 @@ train(state)
 time.sleep(CFG.get("linger", 0))  # time for the launcher to start workers that come too late
 if FRAMEWORK == "numpy":
     params = state.params.tolist()
+elif FRAMEWORK == "torch":
+    params = model.weight.detach().view(-1).double().tolist()
 elif FRAMEWORK == "tf2":
     params = weights.numpy().tolist()
 else:
