@@ -67,6 +67,9 @@ EXAMPLES = """examples:
                                             pinned memory, torch's NCCL; one rank per GPU
   hora bench allreduce --device cuda --np 1 --sizes 4K,1M,64M --json gpu.json
                                             one GPU: each call's cost, no link crossed
+  sudo hora bench allreduce --netns 2 --link-rate 1gbit
+                                            across 2 hosts (network namespaces here) of 2
+                                            ranks each, 1 Gbit/s per host link; 1M to 256M
 
 Compare ratios within one run: the title names this machine's memory copy speed now."""
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -124,8 +127,14 @@ class AllreduceBenchConfig:
     json: str | None = None
     plot: str | None = None
     device: str = "cpu"  # cuda: CUDA tensors, gpu.CUDA_BACKENDS, one GPU per rank
+    netns: int = 0  # >= 2: ranks split over this many hosts (hora.lab.netns)
+    link_rate: str = "10gbit"  # each such host's link, per direction
 
     def __post_init__(self) -> None:
+        if self.netns:
+            from hora.lab import netns
+
+            netns.check(self)
         if self.device not in DEVICE_BACKENDS:
             raise ValueError(f"--device {self.device!r}: choose from {', '.join(DEVICE_BACKENDS)}")
         if self.device == "cuda":
@@ -186,6 +195,11 @@ class BenchResult:
                 f"{self.meta['gpu']}, {self.meta['host']}"
             )
         title = f"allreduce float32 Sum, np={self.meta['np']}, {self.meta['host']}"
+        if "link_rate" in self.meta:
+            title += (
+                f", {self.meta['hosts']} hosts x {self.meta['ranks_per_host']} ranks "
+                f"(network namespaces), {self.meta['link_rate']} links"
+            )
         copy = self.meta.get("copy_speed")
         return f"{title}, memory copy {copy} per core" if copy else title
 
@@ -409,13 +423,20 @@ def run_allreduce_bench(
             f"busbw {done['busbw_gbps']:.3f} GB/s ({done['iters']} iterations)"
         )
 
-    with tempfile.TemporaryDirectory(prefix="hora-bench-") as tmp:
+    hosts = None
+    if config.netns:  # the ranks on hosts made here (hora.lab.netns)
+        from hora.lab import netns
+
+        hosts = netns.Hosts(config.netns, config.np // config.netns, config.link_rate)
+        meta.update(hosts.describe())
+    nothing = contextlib.nullcontext()
+    with tempfile.TemporaryDirectory(prefix="hora-bench-") as tmp, hosts or nothing:
         for round_ in range(1, config.repeat + 1):
             tag = f" #{round_}" if config.repeat > 1 else ""
             for backend in config.backends:
                 if backend in skipped:
                     continue
-                reason = unavailable(backend)
+                reason = unavailable(backend) or (hosts and hosts.unavailable(backend))
                 if reason is None and config.device == "cuda":
                     reason = gpu.short_of_devices(config.np)
                 if reason is not None:
@@ -424,11 +445,14 @@ def run_allreduce_bench(
                     continue
                 say(f"[{backend}{tag}] starting {config.np} workers")
                 try:
-                    found = run_backend(backend, config, tmp, on_row, tag.replace(" #", "."))
+                    run = hosts.run_backend if hosts else run_backend
+                    found = run(backend, config, tmp, on_row, tag.replace(" #", "."))
                     rows += [{**row, "round": round_} for row in found]
                 except BackendFailed as e:
                     skipped[backend] = f"failed: {e}"
                     say(f"[{backend}{tag}] failed: {e}")
+    if hosts:
+        meta.update(link_bytes=hosts.link_bytes, layouts=hosts.layouts)
     result = BenchResult(meta, report.with_bandwidth(report.best_of(rows), config.np), skipped)
     if config.csv:
         with open(config.csv, "w") as f:
@@ -454,7 +478,12 @@ def render(result: BenchResult) -> str:
         if result.meta["np"] == 1:
             note += "; at np=1 busbw is 0 (no link crossed): compare p50"
         lines.insert(2, note)
-    if any(r["case"] == "allreduce" for r in result.rows):
+    if "link_rate" in result.meta:
+        from hora.lab import netns
+
+        lines[1:2] = netns.header(result.meta)
+        lines.append(netns.table(result.rows, result.meta))
+    elif any(r["case"] == "allreduce" for r in result.rows):
         lines.append(report.allreduce_table(result.rows))
     if any(r["case"] in ("api", "resnet50") for r in result.rows):
         lines += [
@@ -469,6 +498,8 @@ def render(result: BenchResult) -> str:
             "thread",
             report.per_op_table(result.rows),
         ]
+    if "link_rate" in result.meta:
+        lines += netns.footer(result.meta)
     for backend, reason in result.skipped.items():
         lines.append(f"skipped {backend}: {reason}")
     return "\n".join(lines) + "\n"
@@ -487,13 +518,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--np",
         type=int,
         default=None,
-        help="ranks per backend (default 2; with --device cuda one per GPU here)",
+        help="ranks per backend (default 2; with --device cuda one per GPU here; with --netns "
+        "2 per host)",
     )
     parser.add_argument(
         "--sizes",
-        default="4K,64K,1M,16M,256M",
-        help="comma-separated message sizes per rank, e.g. 4K,1M,256M",
+        default=None,
+        help="comma-separated message sizes per rank, e.g. 4K,1M,256M (default "
+        "4K,64K,1M,16M,256M; with --netns 1M,4M,16M,64M,256M)",
     )
+    parser.add_argument("--netns", type=int, default=0, metavar="HOSTS", help="run across HOSTS "
+                        "hosts made here (root): network namespaces on a bridge, --np split evenly "
+                        "over them; TCP between hosts, shared memory within, as on a cluster")
+    parser.add_argument("--link-rate", default="10gbit", metavar="RATE", help="with --netns: each "
+                        "host's link speed per direction, in tc's notation (default 10gbit)")
     parser.add_argument(
         "--iters",
         type=int,
@@ -533,12 +571,15 @@ def config_from_args(args: argparse.Namespace) -> AllreduceBenchConfig:
     device = getattr(args, "device", "cpu")
     np = args.np
     if np is None:  # one rank per GPU: NCCL refuses two ranks on one device
-        np = max(gpu.device_count(), 1) if device == "cuda" else 2
+        np = max(gpu.device_count(), 1) if device == "cuda" else 2 * (args.netns or 1)
     default = ",".join(DEVICE_BACKENDS[device][1])
+    sizes = args.sizes or ("1M,4M,16M,64M,256M" if args.netns else "4K,64K,1M,16M,256M")
     return AllreduceBenchConfig(
         np=np,
         device=device,
-        sizes=parse_sizes(args.sizes),
+        netns=args.netns,
+        link_rate=args.link_rate,
+        sizes=parse_sizes(sizes),
         iters=args.iters,
         backends=parse_backends(args.backends or default, device),
         engine_cost=args.engine_cost,

@@ -193,10 +193,40 @@ def run_hora(plan: dict[str, Any]) -> None:
             return lambda: hvd.allreduce(x, op=hvd.Sum, output=x, name=name)
 
         measure_sizes(plan, rank, size, sink, make_call, hvd.barrier)
+        if plan.get("layout"):  # where this rank's data went: hora.lab.netns reports it
+            with open(f"{plan['layout']}.{rank}", "w") as f:
+                json.dump(hora_layout(hvd), f)
         if plan["engine_cost"]:
             _engine_cost(plan, rank, size, sink, hvd)
     finally:
         hvd.shutdown()
+
+
+def hora_layout(hvd: Any) -> dict[str, Any]:
+    """This rank's place and the links its data took, read after the timed calls: its host
+    name and network namespace, the host of every rank as hora's hierarchical collectives see
+    it, the peers it holds shared-memory and TCP data pairs with, and the algorithms chosen
+    (the notes of :func:`hora.collectives.hierarchical._note`)."""
+    import os
+
+    from hora.core.runtime import runtime
+    from hora.transport.base import DATA
+
+    comm = runtime().engine.members[0].comm
+    transport = comm.transport
+    tcp, shm = getattr(transport, "_tcp", transport), getattr(transport, "_shm", None)
+    layout = comm.cache.get("hierarchical.layout")
+    return {
+        "rank": hvd.rank(),
+        "host": runtime().identity.hostname,
+        "local_rank": hvd.local_rank(),
+        "cross_rank": hvd.cross_rank(),
+        "netns": os.readlink("/proc/self/ns/net"),
+        "hosts": list(layout.hosts) if layout is not None else None,
+        "shm_peers": sorted(getattr(shm, "_pairs", {})) if shm is not None else [],
+        "tcp_peers": sorted({p for p, kind in getattr(tcp, "_pairs", {}) if kind == DATA}),
+        "choices": sorted(layout.logged) if layout is not None else [],
+    }
 
 
 def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: Any) -> None:
