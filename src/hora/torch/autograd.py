@@ -61,35 +61,61 @@ def _rows(t: torch.Tensor) -> int:
     return int(t.shape[0]) if t.ndim else 1
 
 
+def _allreduce_forward(
+    ctx: Any, tensor, average, name, op, prescale_factor, postscale_factor, process_set, priority
+):
+    op = reduce_op(average, op)
+    pre, post = prescale_factor, postscale_factor
+    ctx.args = (name, op, pre, post, process_set, priority)
+    h = allreduce_async(tensor, None, name, op, pre, post, process_set, priority=priority)
+    return synchronize(h)
+
+
+def _allreduce_apply(tensor, average, name, op, pre, post, process_set, priority=0):
+    """HorovodAllreduce.apply, with hora's scheduling ``priority`` when it is not 0."""
+    if priority:
+        return _PrioritizedAllreduce.apply(
+            tensor, average, name, op, pre, post, process_set, priority
+        )
+    return HorovodAllreduce.apply(tensor, average, name, op, pre, post, process_set)
+
+
+def _allreduce_grad(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:
+    name, op, prescale, postscale, ps, priority = ctx.args
+    return _allreduce_apply(grad_output, None, _grad_name(name), op, prescale, postscale, ps,
+                            priority)  # fmt: skip
+
+
 class HorovodAllreduce(Function):
-    """``apply(tensor, average, name, op, prescale, postscale, process_set[, priority])``."""
+    """``apply(tensor, average, name, op, prescale, postscale, process_set)``."""
 
     @staticmethod
     def forward(
-        ctx: Any,
-        tensor,
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        priority=0,
+        ctx: Any, tensor, average, name, op, prescale_factor, postscale_factor, process_set
     ):  # type: ignore[override]
-        op = reduce_op(average, op)
         pre, post = prescale_factor, postscale_factor
-        ctx.args = (name, op, pre, post, process_set, priority)
-        h = allreduce_async(tensor, None, name, op, pre, post, process_set, priority=priority)
-        return synchronize(h)
+        return _allreduce_forward(ctx, tensor, average, name, op, pre, post, process_set, 0)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
-        grad = grad_output
-        name, op, prescale, postscale, ps, priority = ctx.args
-        g = HorovodAllreduce.apply(
-            grad, None, _grad_name(name), op, prescale, postscale, ps, priority
-        )
-        return g, None, None, None, None, None, None, None
+        return _allreduce_grad(ctx, grad_output), None, None, None, None, None, None
+
+
+class _PrioritizedAllreduce(Function):
+    """HorovodAllreduce with hora's scheduling priority last:
+    ``apply(tensor, average, name, op, prescale, postscale, process_set, priority)``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+        priority,
+    ):  # type: ignore[override]
+        pre, post = prescale_factor, postscale_factor
+        return _allreduce_forward(ctx, tensor, average, name, op, pre, post, process_set, priority)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
+        return _allreduce_grad(ctx, grad_output), None, None, None, None, None, None, None
 
 
 class HorovodGroupedAllreduce(Function):
@@ -124,7 +150,7 @@ class HorovodAllgather(Function):
     def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
         grad = grad_output
         name, ps = ctx.args
-        reduced = HorovodAllreduce.apply(grad, None, _grad_name(name), Average, 1.0, 1.0, ps, 0)
+        reduced = HorovodAllreduce.apply(grad, None, _grad_name(name), Average, 1.0, 1.0, ps)
         (offset,) = _my_offsets([ctx.rows], name, ps)
         return reduced.narrow(0, offset, ctx.rows).reshape(ctx.shape), None, None
 
@@ -159,7 +185,7 @@ class HorovodBroadcast(Function):
     def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
         grad = grad_output
         root_rank, name, ps = ctx.args
-        reduced = HorovodAllreduce.apply(grad, None, _grad_name(name), Average, 1.0, 1.0, ps, 0)
+        reduced = HorovodAllreduce.apply(grad, None, _grad_name(name), Average, 1.0, 1.0, ps)
         if hora.rank() != root_rank:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
@@ -230,7 +256,7 @@ def allreduce(
     """Reduce ``tensor`` over the set (default op Average); a new tensor, differentiable."""
     op = reduce_op(average, op)
     sent, ctx = compression.compress(tensor)
-    out = HorovodAllreduce.apply(
+    out = _allreduce_apply(
         sent, None, name, op, prescale_factor, postscale_factor, process_set, priority
     )
     return compression.decompress(out, ctx)
