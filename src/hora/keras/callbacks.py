@@ -35,7 +35,8 @@ class BestModelCheckpoint(_ModelCheckpoint):
     only."""
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
-                 save_freq: Any = "epoch", filepath: str = "best_model.keras") -> None:  # fmt: skip
+                 save_freq: Any = "epoch", *,
+                 filepath: str = "best_model.keras") -> None:  # fmt: skip
         super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
                          save_best_only=True, save_weights_only=False, mode=mode,
                          save_freq=save_freq)  # fmt: skip

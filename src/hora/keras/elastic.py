@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 
 from hora.tensorflow import elastic as _e
@@ -14,6 +16,10 @@ _Callback = keras.callbacks.Callback
 class KerasState(TensorFlowKerasState):
     """Elastic state of a Keras model, its optimizer and plain values:
     ``KerasState(model, optimizer=None, **kwargs)``."""
+
+    def __init__(self, model: Any, optimizer: Any = None, *, backend: Any = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(model, optimizer, backend=backend, **kwargs)
 
 
 class CommitStateCallback(_e.CommitStateCallbackImpl, _Callback):

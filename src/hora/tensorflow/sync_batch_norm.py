@@ -48,14 +48,23 @@ _KERAS3 = tf.keras.layers.BatchNormalization.__module__.startswith("keras.")
 class SyncBatchNormalization(tf.keras.layers.BatchNormalization):
     """``BatchNormalization`` whose batch statistics are those of every rank's batch together.
 
-    Takes ``BatchNormalization``'s arguments and ``process_set=`` (default: every rank). On
-    tf_keras the fused kernel is turned off (it would bypass the synchronised moments).
+    ``SyncBatchNormalization(fused=False, **kwargs)`` as in Horovod: ``BatchNormalization``'s
+    keyword arguments, and hora's ``process_set=`` (default: every rank). ``fused`` must stay
+    False (the fused kernel would compute each rank's own statistics): True or None is a
+    ValueError. Keras 3 has no fused kernel; tf_keras gets ``fused=False``.
     """
 
-    def __init__(self, *args: Any, process_set: Any = global_process_set, **kwargs: Any) -> None:
+    def __init__(
+        self, fused: bool | None = False, *, process_set: Any = global_process_set, **kwargs: Any
+    ) -> None:
+        if fused in (True, None):
+            raise ValueError(
+                f"SyncBatchNormalization(fused={fused}): the fused kernel computes each rank's "
+                "own batch statistics; leave fused=False (the default)"
+            )
         if not _KERAS3:
             kwargs["fused"] = False
-        super().__init__(*args, **kwargs)
+        super().__init__(**kwargs)
         self._hora_process_set = process_set
 
     def _sync(self) -> bool:

@@ -31,12 +31,17 @@ class LearningRateWarmupCallback(_impl.LearningRateWarmupCallbackImpl, _Callback
 
 class BestModelCheckpoint(_ModelCheckpoint):
     """A ``ModelCheckpoint`` that keeps only the best model by ``monitor`` (Horovod's
-    signature). It saves to ``filepath`` (default ``best_model.keras`` in the working
-    directory; set ``.filepath`` to change it, as Horovod's estimators do). Add it on rank 0
-    only."""
+    signature). ``save_weights_only``: save the weights alone, as Keras' ``ModelCheckpoint``
+    does (no architecture, no optimizer). It saves to ``filepath`` (default
+    ``best_model.keras``, or ``best_model.weights.h5`` with ``save_weights_only``, in the
+    working directory; set ``.filepath`` to change it, as Horovod's estimators do). Add it on
+    rank 0 only."""
 
-    def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
-                 save_freq: Any = "epoch", filepath: str = "best_model.keras") -> None:  # fmt: skip
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0,
+                 save_weights_only: bool = False, mode: str = "auto", save_freq: Any = "epoch",
+                 *, filepath: str | None = None) -> None:  # fmt: skip
+        if filepath is None:
+            filepath = "best_model.weights.h5" if save_weights_only else "best_model.keras"
         super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
-                         save_best_only=True, save_weights_only=False, mode=mode,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
                          save_freq=save_freq)  # fmt: skip
