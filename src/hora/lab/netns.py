@@ -93,6 +93,9 @@ def check(config: AllreduceBenchConfig) -> None:
             f"give a multiple, e.g. --np {DEFAULT_RANKS_PER_HOST * config.netns}"
         )
     parse_rate(config.link_rate)
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"--netns cannot make hosts here: {reason}")
 
 
 def unavailable_reason() -> str | None:
@@ -102,6 +105,11 @@ def unavailable_reason() -> str | None:
     for tool in ("ip", "tc", "unshare", "hostname"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (iproute2 and util-linux provide ip, tc, unshare)"
+    probe = f"{NS_PREFIX}probe-{os.getpid()}"
+    done = _run("ip", "netns", "add", probe, check=False)
+    if done.returncode != 0:
+        return f"`ip netns add` failed here: {done.stderr.strip()}"
+    _run("ip", "netns", "del", probe, check=False)
     return None
 
 
