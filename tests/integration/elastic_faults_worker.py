@@ -198,6 +198,24 @@ def settle(state: BaseState) -> None:
         state.commit()
 
 
+def await_announcement(state: BaseState) -> None:
+    """Keras: hold before a batch (without committing) while a host change is pending and the
+    launcher has not announced it yet, so that CommitStateCallback's commit is the one that
+    raises HostsUpdatedInterrupt (at most ``hold_s``)."""
+    from hora.elastic.state import host_updates
+
+    hold = CFG.get("hold_s", 30)
+    deadline = time.monotonic() + hold
+    while hvd.broadcast_object(
+        hvd.rank() == 0 and _hosts_pending() and host_updates()[0] <= state._seen_updates,
+        0,
+        name="announce",
+    ):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{ME}: the launcher did not announce the new hosts within {hold} s")
+        time.sleep(0.05)
+
+
 class FaultyState(BaseState):
     def sync(self) -> None:
         maybe_fault("sync")
@@ -282,15 +300,16 @@ class Ledger(tf.keras.callbacks.Callback if FRAMEWORK == "keras" else object):  
 
     def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
         maybe_add_host(state.step)
+        await_announcement(state)
 
     def on_train_batch_end(self, batch: int, logs: object = None) -> None:
         ledger(state, hvd.size())
 
 
-class Settle(tf.keras.callbacks.Callback if FRAMEWORK == "keras" else object):  # type: ignore
-    def on_train_batch_end(self, batch: int, logs: object = None) -> None:
-        if after_commit(state):
-            self.model.stop_training = True
+if FRAMEWORK == "keras":  # made once and given to every fit, as in Horovod's examples
+    callbacks = [Ledger(), hvd.elastic.UpdateBatchStateCallback(state),
+                 hvd.elastic.UpdateEpochStateCallback(state),
+                 hvd.elastic.CommitStateCallback(state)]  # fmt: skip
 
 
 @run
@@ -298,9 +317,6 @@ def train(state: FaultyState) -> None:
     if state.step == 0:
         maybe_fault("start")
     if FRAMEWORK == "keras":
-        callbacks = [Ledger(), hvd.elastic.UpdateBatchStateCallback(state),
-                     hvd.elastic.UpdateEpochStateCallback(state),
-                     hvd.elastic.CommitStateCallback(state), Settle()]  # fmt: skip
         x, y = np.ones((1, 4), np.float32), np.zeros((1, 1), np.float32)
         state.model.fit(x, y, batch_size=1, epochs=STEPS - state.step, verbose=0,
                         shuffle=False, callbacks=callbacks)  # fmt: skip

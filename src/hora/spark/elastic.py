@@ -16,6 +16,12 @@ their last commit. Spark, not hora, decides whether a host whose task failed get
 ``reset_limit``; a job that exceeds it, or that has fewer than ``min_np`` workers once Spark
 can retry no more, fails with the reason, and the Spark job is cancelled.
 
+A host's slots are its tasks, not numbered places: a lost executor's tasks may run again on
+another host, so a host can have a slot less while its other workers are healthy. Those stay,
+whatever the slot index the driver gave them; workers leave only where a host has more of them
+than tasks (those no task took yet first), and new workers start only for tasks no worker
+holds.
+
 Store keys, under ``spark/elastic/``: ``tasks`` (a counter: the attempt's id), ``task/<id>``
 (``<partition> <host> <pid>``), ``work/<id>`` (the worker's environment, JSON), ``stop/<id>``
 (the driver asks the worker to stop), ``exit/<id>`` (its exit status), ``done`` (the job is

@@ -62,7 +62,9 @@ def run(func: F) -> F:
 
 
 def _values(variables: list[Any]) -> list[np.ndarray]:
-    return [np.array(v) for v in variables]
+    # through .numpy() (TensorFlow's and Keras 3's variables): np.array of a Keras 3 variable
+    # warns under NumPy 2 (its __array__ takes no copy keyword)
+    return [np.array(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
 
 
 def _assign(variables: list[Any], values: list[np.ndarray] | None) -> None:
@@ -159,13 +161,22 @@ class TensorFlowKerasState(ObjectState):
 
 # -- Keras callbacks (mixins over a Keras world's Callback) --------------------------------
 class CommitStateCallbackImpl:
-    """Commit the state every ``batches_per_commit`` batches and at the end of each epoch."""
+    """Commit the state every ``batches_per_commit`` batches and at the end of each epoch.
+
+    The count starts again at every ``fit`` (``on_train_begin``): a commit that raised
+    ``HostsUpdatedInterrupt`` left it at zero, and a callback given to the ``fit`` after the
+    reset would otherwise never commit at a batch again, while a new worker's would, and the
+    ranks' collectives no longer match.
+    """
 
     def __init__(self, state: State, batches_per_commit: int = 1) -> None:
         super().__init__()
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.batches_remaining = self.batches_per_commit
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.batches_remaining -= 1
@@ -179,11 +190,23 @@ class CommitStateCallbackImpl:
 
 class UpdateBatchStateCallbackImpl:
     """Keep ``state.batch``: the index of the last finished batch of the epoch (0 again at
-    the epoch's end)."""
+    the epoch's end). With ``steps_per_epoch`` given to ``fit``, the first epoch after a reset
+    is told the batches left of it (``params['steps']``, as Horovod does)."""
 
     def __init__(self, state: State) -> None:
         super().__init__()
         self.state = state
+        self.steps_per_epoch: int | None = None
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.steps_per_epoch = None
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        params = getattr(self, "params", None) or {}
+        if params.get("steps"):
+            if self.steps_per_epoch is None:
+                self.steps_per_epoch = params["steps"]
+            params["steps"] = self.steps_per_epoch - int(getattr(self.state, "batch", 0))
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.state.batch = batch  # type: ignore[attr-defined]
