@@ -32,8 +32,11 @@ one fault once, in one phase, in one worker (``victim``). argv[1] is a JSON obje
   ``hvd.DistributedGradientTape``, ``hora.tensorflow``'s ``TensorFlowState`` and
   ``hvd.elastic.run``); ``keras`` (tf_keras's ``model.fit`` under ``hora.tensorflow.keras``:
   ``KerasState``, a ``DistributedOptimizer`` and the elastic callbacks, committing at every
-  batch; one batch per epoch). The same fault hooks and the same ledger in every one; torch and
-  TensorFlow run on one thread (TensorFlow one each way).
+  batch; one batch per epoch); ``keras3`` (that worker under ``hora.keras``, Keras 3). The
+  Keras workers make their callbacks once, and hold a pending host change before a batch until
+  the launcher announced it (so that ``CommitStateCallback`` meets it). The same fault hooks
+  and the same ledger in every one; torch and TensorFlow run on one thread (TensorFlow one each
+  way).
 
 At the end each worker prints ``DONE {json}``: its step, the committed-sample counter, the
 history of committed (step, size) pairs, its parameters, and its reset count.
@@ -68,12 +71,17 @@ else:
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if FRAMEWORK == "keras":
         os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf_keras
+    elif FRAMEWORK == "keras3":
+        os.environ.pop("TF_USE_LEGACY_KERAS", None)  # tf.keras is Keras 3, hora.keras's
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    if FRAMEWORK == "keras":
-        import hora.tensorflow.keras as hvd
+    if FRAMEWORK in ("keras", "keras3"):
+        if FRAMEWORK == "keras":
+            import hora.tensorflow.keras as hvd
+        else:
+            import hora.keras as hvd
 
         BaseState = hvd.elastic.KerasState
     else:
@@ -295,7 +303,7 @@ if FRAMEWORK == "tf2":
         return hvd.allreduce(tf.ones([1], tf.float64), op=hvd.Sum, name="size")
 
 
-class Ledger(tf.keras.callbacks.Callback if FRAMEWORK == "keras" else object):  # type: ignore
+class Ledger(tf.keras.callbacks.Callback if FRAMEWORK.startswith("keras") else object):  # type: ignore
     """model.fit's hooks: a batch (one epoch) is a step; it is counted before the commit."""
 
     def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
@@ -306,7 +314,7 @@ class Ledger(tf.keras.callbacks.Callback if FRAMEWORK == "keras" else object):  
         ledger(state, hvd.size())
 
 
-if FRAMEWORK == "keras":  # made once and given to every fit, as in Horovod's examples
+if FRAMEWORK.startswith("keras"):  # made once and given to every fit, as in Horovod's examples
     callbacks = [Ledger(), hvd.elastic.UpdateBatchStateCallback(state),
                  hvd.elastic.UpdateEpochStateCallback(state),
                  hvd.elastic.CommitStateCallback(state)]  # fmt: skip
@@ -316,7 +324,7 @@ if FRAMEWORK == "keras":  # made once and given to every fit, as in Horovod's ex
 def train(state: FaultyState) -> None:
     if state.step == 0:
         maybe_fault("start")
-    if FRAMEWORK == "keras":
+    if FRAMEWORK.startswith("keras"):
         x, y = np.ones((1, 4), np.float32), np.zeros((1, 1), np.float32)
         state.model.fit(x, y, batch_size=1, epochs=STEPS - state.step, verbose=0,
                         shuffle=False, callbacks=callbacks)  # fmt: skip

@@ -408,13 +408,23 @@ FRAMEWORK_CASES = {
 def _framework_expected(framework: str) -> list[float]:
     # torch and tf2 add step + 1 at each step as the NumPy worker does; the Keras model moves each
     # weight by -0.01 per step (one batch of ones, loss the sum of the outputs)
-    return [-0.01 * (STEPS if framework == "keras" else sum(range(1, STEPS + 1)))] * 4
+    return [-0.01 * (STEPS if framework.startswith("keras") else sum(range(1, STEPS + 1)))] * 4
 
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("change", list(FRAMEWORK_CASES))
 @pytest.mark.parametrize("framework", ["torch", "tf2", "keras"])
 def test_each_framework_survives_each_change(tmp_path, framework: str, change: str) -> None:
+    _framework_case(tmp_path, framework, change)
+
+
+@pytest.mark.timeout(150)
+def test_a_keras_3_job_takes_in_a_new_host(tmp_path) -> None:
+    """The same model.fit worker under hora.keras (Keras 3, whose optimizers say ``built``)."""
+    _framework_case(tmp_path, "keras3", "added")
+
+
+def _framework_case(tmp_path: Path, framework: str, change: str) -> None:
     pytest.importorskip("torch" if framework == "torch" else "tensorflow")
     if framework == "keras":
         pytest.importorskip("tf_keras")
