@@ -91,6 +91,7 @@ def test_two_hosts_report_rows_ratios_link_bound_and_hora_links(tmp_path: Path) 
         assert iters == "3" and float(p50) > 0 and float(p90) >= float(p50)
         assert vs.endswith("x") and float(vs[:-1]) > 0
         assert float(of_link) == pytest.approx(float(busbw) / 0.125, abs=0.02)
+    assert "2 hosts x 2 ranks (network namespaces), 1gbit links" in stdout.splitlines()[0]
     assert "link: 1gbit per host and direction" in stdout
     assert "flat ring of all 4 ranks" in stdout and "busbw <= 0.125 GB/s" in stdout
     assert "(hierarchical), busbw <= 0.188 GB/s" in stdout
@@ -141,6 +142,23 @@ def test_an_interrupted_run_leaves_nothing_behind(tmp_path: Path, sig: int) -> N
             proc.kill()
     assert proc.returncode != 0
     assert _left_behind(proc.pid, tmp_path) == [], stderr
+
+
+@pytest.mark.multihost
+@needs_hosts
+@pytest.mark.timeout(30)
+def test_what_a_killed_run_left_is_removed_by_the_next() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # its pid now names nobody
+    ns, bridge = f"{netns.NS_PREFIX}{dead.pid}-0", f"{netns.BRIDGE_PREFIX}{dead.pid}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+    try:
+        assert set(netns.remove_stale()) >= {ns, bridge}
+        assert _left_behind(dead.pid, Path("/nonexistent-dir")) == []
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 _seen: dict[int, str] = {}

@@ -131,10 +131,8 @@ class AllreduceBenchConfig:
     link_rate: str = "10gbit"  # each such host's link, per direction
 
     def __post_init__(self) -> None:
-        if self.netns:
-            from hora.lab import netns
-
-            netns.check(self)
+        if self.netns:  # hosts made here: hora.lab.netns
+            importlib.import_module("hora.lab.netns").check(self)
         if self.device not in DEVICE_BACKENDS:
             raise ValueError(f"--device {self.device!r}: choose from {', '.join(DEVICE_BACKENDS)}")
         if self.device == "cuda":
@@ -195,11 +193,8 @@ class BenchResult:
                 f"{self.meta['gpu']}, {self.meta['host']}"
             )
         title = f"allreduce float32 Sum, np={self.meta['np']}, {self.meta['host']}"
-        if "link_rate" in self.meta:
-            title += (
-                f", {self.meta['hosts']} hosts x {self.meta['ranks_per_host']} ranks "
-                f"(network namespaces), {self.meta['link_rate']} links"
-            )
+        if "link_rate" in self.meta:  # across hora.lab.netns's hosts
+            title += f", {self.meta['across']}"
         copy = self.meta.get("copy_speed")
         return f"{title}, memory copy {copy} per core" if copy else title
 
@@ -436,7 +431,7 @@ def run_allreduce_bench(
             for backend in config.backends:
                 if backend in skipped:
                     continue
-                reason = unavailable(backend) or (hosts and hosts.unavailable(backend))
+                reason = unavailable(backend) or (hosts.unavailable(backend) if hosts else None)
                 if reason is None and config.device == "cuda":
                     reason = gpu.short_of_devices(config.np)
                 if reason is not None:
@@ -518,8 +513,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--np",
         type=int,
         default=None,
-        help="ranks per backend (default 2; with --device cuda one per GPU here; with --netns "
-        "2 per host)",
+        help="ranks per backend (default 2; --device cuda: one per GPU here; --netns: 2 per host)",
     )
     parser.add_argument(
         "--sizes",

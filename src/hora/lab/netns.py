@@ -202,6 +202,8 @@ class Hosts:
             "link_bps": self.bps,
             "qdisc": f"tbf rate {self.rate} burst {_burst(self.bps)}b latency 50ms, both ends",
             "subnet": f"{self.subnet}.0/24",
+            "across": f"{self.count} hosts x {self.ranks_per_host} ranks (network namespaces), "
+            f"{self.rate} links",
         }
 
     # -- building and removing ----------------------------------------------------------------
