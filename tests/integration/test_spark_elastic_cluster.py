@@ -10,7 +10,8 @@ starts a new executor (on "another host", ``hora-host-b``) and runs the task aga
 ``hora-host-a`` goes from two slots to one while its other worker (on slot 1) is healthy: that
 worker must stay in the job, and the retried task's worker joins it. The committed-step ledger
 stays exact (steps 1..N each once, with the world size of each), every rank ends with the same
-parameters, and no worker process, Spark job or driver thread is left.
+parameters, and no worker process, Spark job or driver thread is left. The survivor trains
+alone after the kill, then holds (committing) until the new worker is in, for at most 60 s.
 """
 
 from __future__ import annotations
@@ -103,6 +104,14 @@ def train_ledger(flag_dir: str, steps: int, kill_at: int, victim: str):
                     time.sleep(60)  # the task's wrapper stops this worker
             time.sleep(0.1)
             state.commit()
+            # alone after the kill: hold (committing) until the retried task's worker joined,
+            # so that a slow executor start cannot let the job end at size 1
+            deadline = time.monotonic() + 60
+            while Path(flag_dir, "killed").exists() and hvd.size() < 2:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+                state.commit()
 
     loop(state)
     where = os.environ["HORA_ELASTIC_ID"]
