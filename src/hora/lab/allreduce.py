@@ -26,7 +26,6 @@ import platform
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +37,18 @@ from importlib import metadata
 from typing import Any
 
 from hora.lab import envreport, gpu, report
+from hora.lab.procs import (
+    HORA_VARIANTS,
+    BackendFailed,
+    base_env,
+    follow,
+    free_port,
+    start,
+    stop,
+    tail,
+    warmup_iters,
+    worker_cmd,
+)
 
 log = logging.getLogger("hora.lab")
 
@@ -45,13 +56,6 @@ BACKENDS = ("hora", "hora-tcp", "gloo", "mpi")
 DEFAULT_BACKENDS = ("hora", "gloo", "mpi")
 # the backends each --device offers, and those it runs by default
 DEVICE_BACKENDS = {"cpu": (BACKENDS, DEFAULT_BACKENDS), "cuda": (gpu.CUDA_BACKENDS,) * 2}
-# hora's variants: extra environment for its workers (hora-tcp: no shared memory between ranks;
-# the CUDA ones choose hora's backend)
-HORA_VARIANTS: dict[str, dict[str, str]] = {
-    "hora": {},
-    "hora-tcp": {"HORA_SHM_DISABLE": "1"},
-    **gpu.HORA_CUDA_VARIANTS,
-}
 TORCH_PEERS = ("gloo", "nccl")  # started with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE
 DEFAULT_SIZES = [4 * 4**k * 1024 for k in range(0, 9, 2)]  # 4 KiB, 64 KiB, 1 MiB, 16, 256 MiB
 ENGINE_COST_MIN_BYTES = 1 << 20
@@ -108,10 +112,6 @@ def parse_backends(text: str, device: str = "cpu") -> list[str]:
 def default_iters(size_bytes: int) -> int:
     """Timed calls for one size: about 4 GiB of data, between 10 and 1000 calls."""
     return max(10, min(1000, (4 << 30) // size_bytes))
-
-
-def warmup_iters(iters: int) -> int:
-    return max(2, iters // 10)
 
 
 @dataclass
@@ -199,10 +199,6 @@ class BenchResult:
         return f"{title}, memory copy {copy} per core" if copy else title
 
 
-class BackendFailed(RuntimeError):
-    """A backend's workers failed or timed out; the message says which and why."""
-
-
 def unavailable(backend: str) -> str | None:
     """Why ``backend`` cannot run on this machine, or None when it can."""
     if backend in gpu.CUDA_BACKENDS:
@@ -223,50 +219,10 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-_IDENTITY = re.compile(
-    r"^(HORA|HOROVOD)_(RANK|SIZE|LOCAL_RANK|LOCAL_SIZE|CROSS_RANK|CROSS_SIZE|HOSTNAME|"
-    r"RENDEZVOUS_ADDR|RENDEZVOUS_PORT|GLOO_RENDEZVOUS_ADDR|GLOO_RENDEZVOUS_PORT|SECRET_KEY)$"
-    r"|^(OMPI_COMM_WORLD|PMIX)_|^(RANK|WORLD_SIZE|LOCAL_RANK|MASTER_ADDR|MASTER_PORT)$"
-)
-
-
-def _base_env() -> dict[str, str]:
-    """This process's environment (knobs such as ``HORA_CPU_BIND`` included) without any rank
-    identity, and one compute thread per worker."""
-    env = {k: v for k, v in os.environ.items() if not _IDENTITY.match(k)}
-    env.update(
-        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1"
-    )
-    return env
-
-
-def _worker_cmd(backend: str, plan_path: str) -> list[str]:
-    module = "hora.lab.gpu_workers" if backend in gpu.CUDA_BACKENDS else "hora.lab.workers"
-    return [sys.executable, "-m", module, backend, plan_path]
-
-
-def _start(cmd: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen[bytes]:
-    with open(log_path, "wb") as out:
-        return subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 def _spawn(
     backend: str, nranks: int, plan_path: str, tmp: str, extra: dict[str, str]
 ) -> list[subprocess.Popen[bytes]]:
-    env = _base_env()
+    env = base_env()
     if backend in gpu.CUDA_BACKENDS:  # the variant's own choice only
         env = gpu.without_backend_choice(env)
     env.update(extra)
@@ -274,9 +230,9 @@ def _spawn(
         cmd = ["mpirun", "--allow-run-as-root", "-np", str(nranks)]
         if nranks > (os.cpu_count() or 1):
             cmd.append("--oversubscribe")
-        return [_start(cmd + _worker_cmd(backend, plan_path), env, f"{tmp}/mpi.log")]
+        return [start(cmd + worker_cmd(backend, plan_path), env, f"{tmp}/mpi.log")]
     if backend in TORCH_PEERS:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nranks))
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nranks))
     procs = []
     for rank in range(nranks):
         renv = dict(env)
@@ -291,56 +247,8 @@ def _spawn(
                 HORA_CROSS_RANK="0",
                 HORA_CROSS_SIZE="1",
             )
-        procs.append(_start(_worker_cmd(backend, plan_path), renv, f"{tmp}/{backend}.{rank}.log"))
+        procs.append(start(worker_cmd(backend, plan_path), renv, f"{tmp}/{backend}.{rank}.log"))
     return procs
-
-
-def _tail(path: str, lines: int = 15) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:]).rstrip()
-    except OSError:
-        return ""
-
-
-def _follow(
-    procs: list[subprocess.Popen[bytes]],
-    out_path: str,
-    timeout: float,
-    on_row: Callable[[report.Row], None],
-) -> list[report.Row]:
-    """Wait for the workers, passing each result line to ``on_row`` as it appears."""
-    rows: list[report.Row] = []
-    deadline = time.monotonic() + timeout
-    offset = 0
-    while True:
-        finished = all(p.poll() is not None for p in procs)
-        if os.path.exists(out_path):
-            with open(out_path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            offset += len(complete)
-            for line in complete.splitlines():
-                rows.append(json.loads(line))
-                on_row(rows[-1])
-        failed = [p for p in procs if p.returncode not in (None, 0)]
-        if failed or finished:
-            break
-        if time.monotonic() > deadline:
-            raise BackendFailed(f"timed out after {timeout:g} s")
-        time.sleep(0.1)
-    if failed:
-        raise BackendFailed(f"worker {procs.index(failed[0])} exited with {failed[0].returncode}")
-    return rows
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)  # the worker's own session, started above
-        p.wait(timeout=30)
 
 
 def run_backend(
@@ -375,15 +283,15 @@ def run_backend(
     try:
         procs = _spawn(backend, config.np, plan_path, tmp, extra)
         try:
-            return _follow(procs, out, config.timeout, on_row)
+            return follow(procs, out, config.timeout, on_row)
         except BackendFailed as e:
             logs = sorted(
                 n for n in os.listdir(tmp) if n.startswith(backend + ".") and n.endswith(".log")
             )
-            tails = "\n".join(f"--- {n}\n{_tail(os.path.join(tmp, n))}" for n in logs)
+            tails = "\n".join(f"--- {n}\n{tail(os.path.join(tmp, n))}" for n in logs)
             raise BackendFailed(f"{e}\n{tails}") from e
     finally:
-        _stop(procs)
+        stop(procs)
         if server is not None:
             server.stop()
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+from hora.lab.allreduce import parse_sizes
+from hora.lab.procs import base_env, free_port, tail
 
 BACKENDS = ("gloo", "hora")
 DEFAULT_MODELS = ("mlp", "cnn")
@@ -37,21 +38,6 @@ EXAMPLES = """examples:
   hora bench ddp --repeat 3 --json ddp.json   best of three interleaved rounds, saved
   hora bench ddp --models mlp --sizes 1M --steps 50
 """
-
-_IDENTITY = re.compile(
-    r"^(HORA|HOROVOD)_(RANK|SIZE|LOCAL_RANK|LOCAL_SIZE|CROSS_RANK|CROSS_SIZE|HOSTNAME|"
-    r"RENDEZVOUS_ADDR|RENDEZVOUS_PORT|SECRET_KEY)$"
-    r"|^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)$"
-)
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text.upper())
-    if not m:
-        raise argparse.ArgumentTypeError(f"size {text!r}: give bytes, e.g. 4K, 1M, 16M")
-    return int(m.group(1)) * units[m.group(2)]
-
 
 def default_iters(nbytes: int) -> int:
     return 200 if nbytes <= 1 << 20 else 30
@@ -124,20 +110,6 @@ def worker(plan: dict[str, Any]) -> None:
 
 
 # -- the parent ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tail(path: str, lines: int = 15) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:]).rstrip()
-    except OSError:
-        return ""
-
-
 def run_backend(plan: dict[str, Any], np_: int, tmp: str, timeout: float) -> dict[str, Any]:
     """One backend's workers, torchrun-style; rank 0's results (RuntimeError on failure)."""
     backend = plan["backend"]
@@ -145,9 +117,8 @@ def run_backend(plan: dict[str, Any], np_: int, tmp: str, timeout: float) -> dic
     plan_path = os.path.join(tmp, f"{backend}.plan.json")
     with open(plan_path, "w") as f:
         json.dump(plan, f)
-    env = {k: v for k, v in os.environ.items() if not _IDENTITY.match(k)}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(np_),
+    env = base_env()
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(np_),
                LOCAL_WORLD_SIZE=str(np_))  # fmt: skip
     procs, logs = [], []
     try:
@@ -165,7 +136,7 @@ def run_backend(plan: dict[str, Any], np_: int, tmp: str, timeout: float) -> dic
         for p in procs:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{backend}: no result within {timeout:g} s\n{_tail(logs[0])}") from None
+        raise RuntimeError(f"{backend}: no result within {timeout:g} s\n{tail(logs[0])}") from None
     finally:
         for p in procs:
             if p.poll() is None:
@@ -174,7 +145,7 @@ def run_backend(plan: dict[str, Any], np_: int, tmp: str, timeout: float) -> dic
     bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode]
     if bad or not os.path.exists(plan["out"]):
         rank = bad[0][0] if bad else 0
-        raise RuntimeError(f"{backend}: rank {rank} failed\n{_tail(logs[rank])}")
+        raise RuntimeError(f"{backend}: rank {rank} failed\n{tail(logs[rank])}")
     with open(plan["out"]) as f:
         return dict(json.load(f))
 
@@ -264,7 +235,10 @@ def command(args: argparse.Namespace) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
         raise SystemExit(f"hora bench ddp: unknown model(s) {unknown}: choose from {MODELS}")
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as e:
+        raise SystemExit(f"hora bench ddp: {e}") from None
     batch = {m: args.batch for m in models} if args.batch else None
     try:
         result = run_ddp_bench(models, sizes, args.np, args.steps, args.warmup, batch,

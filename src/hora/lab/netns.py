@@ -38,22 +38,34 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hora.lab import report
-from hora.lab.allreduce import (
+from hora.lab.procs import (
     HORA_VARIANTS,
     BackendFailed,
-    _base_env,
-    _follow,
-    _stop,
-    _tail,
-    _worker_cmd,
+    base_env,
+    follow,
+    stop,
+    tail,
     warmup_iters,
+    worker_cmd,
 )
 
-if TYPE_CHECKING:
-    from hora.lab.allreduce import AllreduceBenchConfig
+
+class BenchConfig(Protocol):
+    """What this module reads of :class:`hora.lab.allreduce.AllreduceBenchConfig` (which
+    imports this module, so it is not imported here)."""
+
+    np: int
+    sizes: list[int]
+    iters: int | None
+    timeout: float
+    device: str
+    netns: int
+    link_rate: str
+
+    def plan(self, out: str, label: str) -> dict[str, Any]: ...
 
 NS_PREFIX = "hbench-"
 BRIDGE_PREFIX = "hbb"
@@ -81,7 +93,7 @@ def default_iters(size_bytes: int) -> int:
     return max(5, min(200, (512 << 20) // size_bytes))
 
 
-def check(config: AllreduceBenchConfig) -> None:
+def check(config: BenchConfig) -> None:
     """ValueError when ``config`` cannot run across ``config.netns`` hosts."""
     if config.netns < 2:
         raise ValueError(f"--netns {config.netns}: give at least 2 hosts")
@@ -309,9 +321,9 @@ class Hosts:
         self, backend: str, plan_path: str, tmp: str, extra: dict[str, str], port: int
     ) -> list[Any]:
         """Start ``backend``'s ranks on the hosts (for ``mpi``: ``mpirun`` here)."""
-        env = {**_base_env(), **extra}
+        env = {**base_env(), **extra}
         np_ = self.count * self.ranks_per_host
-        cmd = _worker_cmd(backend, plan_path)
+        cmd = worker_cmd(backend, plan_path)
         if backend == "mpi":
             hostfile = os.path.join(tmp, "mpi-hosts")
             with open(hostfile, "w") as f:
@@ -346,7 +358,7 @@ class Hosts:
     def run_backend(
         self,
         backend: str,
-        config: AllreduceBenchConfig,
+        config: BenchConfig,
         tmp: str,
         on_row: Callable[[report.Row], None],
         tag: str = "",
@@ -375,14 +387,14 @@ class Hosts:
         try:
             procs = self.spawn(backend, plan_path, tmp, extra, 20000 + secrets.randbelow(20000))
             try:
-                rows = _follow(procs, out, config.timeout, on_row)
+                rows = follow(procs, out, config.timeout, on_row)
             except BackendFailed as e:
                 logs = sorted(n for n in os.listdir(tmp)
                               if n.startswith(backend + ".") and n.endswith(".log"))
-                tails = "\n".join(f"--- {n}\n{_tail(os.path.join(tmp, n))}" for n in logs)
+                tails = "\n".join(f"--- {n}\n{tail(os.path.join(tmp, n))}" for n in logs)
                 raise BackendFailed(f"{e}\n{tails}") from e
         finally:
-            _stop(procs)
+            stop(procs)
             for ns in self.namespaces:  # orted and anything else left on the hosts
                 _kill_in(ns)
             if server is not None:

@@ -104,7 +104,7 @@ def test_cuda_workers_get_their_backend_and_identity(
     def capture(cmd: list[str], env: dict[str, str], log: str) -> Any:
         started.append((cmd, env))
 
-    monkeypatch.setattr(bench, "_start", capture)
+    monkeypatch.setattr(bench, "start", capture)
     monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "gloo")
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")
     for backend in gpu.CUDA_BACKENDS:

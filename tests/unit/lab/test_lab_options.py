@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from hora.lab import BENCHMARKS, configure
+from hora.lab import BENCHMARKS, configure, procs
 from hora.lab import allreduce as bench
 from hora.lab.workers import resnet50_shapes, small_pages
 
@@ -203,7 +203,7 @@ def test_worker_env_drops_identity_and_keeps_knobs(monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv(name, "1")
     monkeypatch.setenv("HORA_CPU_BIND", "none")
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")
-    env = bench._base_env()
+    env = procs.base_env()
     assert not {
         "HORA_RANK",
         "HOROVOD_SIZE",

@@ -62,7 +62,7 @@ def test_a_failing_backend_is_reported_with_its_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script = "import sys; print('worker could not start'); sys.exit(3)"
-    monkeypatch.setattr(bench, "_worker_cmd", lambda _b, _p: [sys.executable, "-c", script])
+    monkeypatch.setattr(bench, "worker_cmd", lambda _b, _p: [sys.executable, "-c", script])
     messages: list[str] = []
     config = bench.AllreduceBenchConfig(sizes=[4096], iters=2, backends=["gloo"], timeout=60)
     result = bench.run_allreduce_bench(config, messages.append)
