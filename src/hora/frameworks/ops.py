@@ -9,6 +9,7 @@ Thread-safe: any user thread may call these.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,23 @@ from hora.frameworks.submit import (
 )
 
 Average, Sum, Adasum, Min, Max, Product = AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT
+
+
+def reduce_op(average: bool | None, op: int | None) -> int:
+    """Horovod's rule for the deprecated ``average=`` of the framework bindings' reductions:
+    never with ``op``; neither means Average. Warns (DeprecationWarning) where it is given."""
+    if average is not None:
+        if op is not None:
+            raise ValueError(
+                "The op parameter supersedes average. Please provide only one of them."
+            )
+        warnings.warn(
+            "the average= argument is deprecated: use op=hvd.Average or op=hvd.Sum",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return Average if average else Sum
+    return Average if op is None else int(op)
 
 _NO_ADASUM_REDUCESCATTER = (
     "reducescatter does not support Adasum: use op=hvd.Sum or hvd.Average, or allreduce "

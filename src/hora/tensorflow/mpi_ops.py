@@ -17,7 +17,6 @@ host). Blocking; runs in the caller's thread (eager) or a TensorFlow executor th
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +25,7 @@ import tensorflow as tf
 
 from hora import global_process_set
 from hora.frameworks import ops
-from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum
+from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum, reduce_op
 from hora.tensorflow.adapter import aligned_empty, as_tensor, bridge, rows_unknown
 from hora.tensorflow.compression import Compression
 
@@ -43,22 +42,6 @@ def _grad_name(name: str | None) -> str | None:
 
 def _differentiable(t: tf.Tensor) -> bool:
     return bool(t.dtype.is_floating)
-
-
-def reduce_op(average: bool | None, op: int | None) -> int:
-    """Horovod's rule for the deprecated ``average=``: never with ``op``; neither means Average."""
-    if average is not None:
-        if op is not None:
-            raise ValueError(
-                "The op parameter supersedes average. Please provide only one of them."
-            )
-        warnings.warn(
-            "the average= argument is deprecated: use op=hvd.Average or op=hvd.Sum",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return Average if average else Sum
-    return Average if op is None else int(op)
 
 
 # -- the raw ops: one bridge call each, no gradient ----------------------------------------

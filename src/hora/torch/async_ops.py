@@ -14,7 +14,6 @@ Thread-safe as the op surface is.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -26,25 +25,9 @@ from hora import global_process_set
 from hora.core.process_sets import ProcessSet
 from hora.errors import HoraInternalError
 from hora.frameworks import ops
-from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum
+from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum, reduce_op
 from hora.frameworks.submit import engine_waits
 from hora.torch.adapter import Staged, stage, to_tensor, write_back
-
-
-def reduce_op(average: bool | None, op: int | None) -> int:
-    """Horovod's rule for the deprecated ``average=``: never with ``op``; neither means Average."""
-    if average is not None:
-        if op is not None:
-            raise ValueError(
-                "The op parameter supersedes average. Please provide only one of them."
-            )
-        warnings.warn(
-            "the average= argument is deprecated: use op=hvd.Average or op=hvd.Sum",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return Average if average else Sum
-    return Average if op is None else op
 
 
 def _waits(staged: Sequence[Staged]) -> Any:
