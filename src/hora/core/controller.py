@@ -27,6 +27,7 @@ from hora.core.messages import (
     TensorSpec,
     bits_decode,
 )
+from hora.core.process_sets import DUPLICATE_SET
 from hora.core.response_cache import ResponseCache
 from hora.core.stall import missing_line
 
@@ -370,7 +371,7 @@ class Coordinator:
         existing = [i for i, s in self.sets.items() if s.ranks == ranks]
         if resp.op == OpType.ADD_PROCESS_SET:
             if existing:
-                resp.op, resp.error = OpType.ERROR, "Attempted to add a duplicate process set"
+                resp.op, resp.error = OpType.ERROR, DUPLICATE_SET
                 return
             resp.process_set_id = self._next_set_id
             self._next_set_id += 1

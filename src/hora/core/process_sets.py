@@ -100,6 +100,10 @@ def registered_with(ranks: list[int], registered: Mapping[int, ProcessSet]) -> i
     return None
 
 
+# The coordinator's answer to a set whose ranks are registered already (every rank gets it).
+DUPLICATE_SET = "Attempted to add a duplicate process set"
+
+
 def duplicate_error(ps: ProcessSet, registered: ProcessSet) -> ValueError:
     """The ValueError ``hvd.add_process_set`` raises for a set whose ranks are registered."""
     return ValueError(

@@ -31,12 +31,13 @@ from hora.core.executor import TensorEntry
 from hora.core.handles import Handle, in_flight
 from hora.core.messages import OpType, Request
 from hora.core.process_sets import (
+    DUPLICATE_SET,
     ProcessSet,
     duplicate_error,
     global_process_set,
     registered_with,
 )
-from hora.errors import NOT_INITIALIZED_MESSAGE
+from hora.errors import NOT_INITIALIZED_MESSAGE, MismatchError
 from hora.identity import Identity, detect
 from hora.rendezvous.rounds import WorkerRemoved, is_elastic_worker, join
 from hora.settings import Settings, check_paths, env_lookup, load
@@ -317,12 +318,18 @@ def register_process_set(ps: ProcessSet) -> ProcessSet:
         raise ValueError(
             f"process set ranks {ps.ranks} must be a non-empty subset of 0..{rt.identity.size - 1}"
         )
-    known = registered_with(ps.ranks, rt.sets)  # the same on every rank: sets are negotiated
-    if known is not None:
-        raise duplicate_error(ps, rt.sets[known])
     rt.dynamic_counter += 1
     name = f"process_set.add.{rt.dynamic_counter}"
-    ps_id = int(control(OpType.ADD_PROCESS_SET, name, 0, tuple(ps.ranks)).wait())
+    # Negotiated even when the ranks are registered already, so that every rank fails alike:
+    # a duplicate on every rank raises the ValueError below on every rank; ranks asking for
+    # different sets all get the coordinator's "Mismatched process set registration".
+    try:
+        ps_id = int(control(OpType.ADD_PROCESS_SET, name, 0, tuple(ps.ranks)).wait())
+    except MismatchError as e:
+        known = registered_with(ps.ranks, rt.sets)  # the same on every rank
+        if known is not None and str(e).startswith(DUPLICATE_SET):
+            raise duplicate_error(ps, rt.sets[known]) from None
+        raise
     ps._bind(ps_id, rt.identity.rank)
     rt.sets[ps_id] = ps
     return ps

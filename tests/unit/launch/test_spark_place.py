@@ -60,9 +60,10 @@ def test_signature_is_horovod_spark_runs() -> None:
 # horovod.spark.run_elastic's parameters and defaults, in its order (0.28.1)
 HOROVOD_SPARK_RUN_ELASTIC = [
     ("fn", inspect.Parameter.empty), ("args", ()), ("kwargs", {}), ("num_proc", None),
-    ("min_np", None), ("max_np", None), ("start_timeout", None), ("elastic_timeout", None),
-    ("reset_limit", None), ("env", None), ("stdout", None), ("stderr", None), ("verbose", 1),
-    ("nics", None), ("prefix_output_with_timestamp", False),
+    ("min_num_proc", None), ("max_num_proc", None), ("start_timeout", None),
+    ("elastic_timeout", None), ("reset_limit", None), ("env", None), ("stdout", None),
+    ("stderr", None), ("verbose", 1), ("nics", None), ("prefix_output_with_timestamp", False),
+    ("min_np", None), ("max_np", None),  # Horovod's deprecated names, last
 ]  # fmt: skip
 
 
