@@ -506,10 +506,9 @@ class ElasticJob(Job):
             self._hosts_changed(removed_only=True)
 
     def _removed(self, live: list[_Member], hosts: dict[str, HostSlots]) -> list[_Member]:
-        """The workers of ``live`` that the hosts found now leave no room for: those of a host
-        that is gone, and those whose slot index is past their host's slots (Horovod's rule:
-        a host that shrinks loses its highest local ranks). A job whose slots are a
-        scheduler's tasks overrides it (:mod:`hora.spark.elastic`)."""
+        """The workers of ``live`` the hosts found leave no room for: a gone host's, and those
+        past their host's slots (Horovod's rule: a shrunk host loses its highest local ranks).
+        :mod:`hora.spark.elastic`, whose slots are Spark's tasks, overrides it."""
         return [m for m in live if m.host not in hosts or _index(m.slot) >= hosts[m.host].slots]
 
     def _refill(self, hosts: list[HostSlots]) -> int:
