@@ -426,6 +426,7 @@ def engine_core(ident: Identity, spec: str) -> int | None:
 ThreadHook = Callable[[int], tuple[int, bool]]
 _thread_hooks: list[ThreadHook] = []
 _unbound: set[int] | None = None  # the process's cores before init() bound it (to rebind)
+_said_threads = False  # the thread share was said (local rank 0, once per process)
 
 
 def register_thread_hook(hook: ThreadHook) -> None:
@@ -447,28 +448,22 @@ def _cores() -> list[int] | None:
 
 def _share_threads(ident: Identity, cores: list[int] | None) -> int | None:
     """Give each local rank's thread pools its share of the host's cores when the user set no
-    ``OMP_NUM_THREADS`` (torchrun sets it to 1; a share uses the cores a host has to spare).
-    Returns the most threads any registered pool runs, None when no pool is registered."""
+    ``OMP_NUM_THREADS`` (torchrun sets it to 1; a share uses the cores a host has to spare),
+    said once per host. Returns the most threads any registered pool runs, None when no pool
+    is registered."""
+    global _said_threads
     share = max(1, len(cores) // ident.local_size) if cores else 1
     answers = [hook(share) for hook in _thread_hooks]
-    shared = any(set_here for _, set_here in answers)
-    if shared and ident.local_rank == 0 and ident.local_size > 1 and not _said_threads:
-        _say_threads(ident, cores, share)
+    if any(set_here for _, set_here in answers) and ident.local_rank == 0 \
+            and ident.local_size > 1 and not _said_threads:  # fmt: skip
+        _said_threads = True
+        log.warning(
+            "OMP_NUM_THREADS is not set: each of the %d ranks on this host runs %d intra-op "
+            "thread(s), its share of %s. Set OMP_NUM_THREADS (or call torch.set_num_threads() "
+            "before hvd.init()) to choose.", ident.local_size, share,
+            f"{len(cores)} cores" if cores else "its cores",
+        )
     return max(n for n, _ in answers) if answers else None
-
-
-_said_threads = False
-
-
-def _say_threads(ident: Identity, cores: list[int] | None, share: int) -> None:
-    global _said_threads
-    _said_threads = True
-    have = f"{len(cores)} cores" if cores else "its cores"
-    log.warning(
-        "OMP_NUM_THREADS is not set: each of the %d ranks on this host runs %d intra-op "
-        "thread(s), its share of %s. Set OMP_NUM_THREADS (or call torch.set_num_threads() "
-        "before hvd.init()) to choose.", ident.local_size, share, have,
-    )
 
 
 def _bind_cpus(ident: Identity, mode: str, cores: list[int] | None,
