@@ -452,7 +452,12 @@ def _share_threads(ident: Identity, cores: list[int] | None) -> int | None:
     said once per host. Returns the most threads any registered pool runs, None when no pool
     is registered."""
     global _said_threads
-    share = max(1, len(cores) // ident.local_size) if cores else 1
+    if cores:
+        share = max(1, len(cores) // ident.local_size)
+    elif hasattr(os, "sched_getaffinity"):  # bound already (mpirun, Slurm): its cores are its share
+        share = len(os.sched_getaffinity(0))
+    else:
+        share = max(1, (os.cpu_count() or 1) // ident.local_size)
     answers = [hook(share) for hook in _thread_hooks]
     if any(set_here for _, set_here in answers) and ident.local_rank == 0 \
             and ident.local_size > 1 and not _said_threads:  # fmt: skip

@@ -103,3 +103,24 @@ def test_an_unknown_cpu_bind_value_is_refused() -> None:
     with pytest.raises(ValueError, match="HORA_CPU_BIND='yes'.*'none'.*'auto'"):
         _bind_cpus(_ident(0, 2), "yes", [0, 1], 1)
     _bind_cpus(_ident(0, 1), "NONE", [0, 1], 1)  # case does not matter; nothing to do
+
+
+def test_a_process_bound_by_its_launcher_keeps_the_cores_it_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """mpirun or Slurm gave this rank 4 of a host's 64 cores: its pools get those 4, not a
+    share of the whole host (nor 1)."""
+    from hora.core import runtime as rt
+
+    asked: list[int] = []
+    def hook(share: int) -> tuple[int, bool]:
+        asked.append(share)
+        return share, False
+
+    monkeypatch.setattr(rt, "_thread_hooks", [hook])
+    monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {8, 9, 10, 11})
+    ident = Identity(rank=1, size=16, local_rank=1, local_size=16, cross_rank=0, cross_size=1,
+                     hostname="h")  # fmt: skip
+    assert rt._share_threads(ident, None) == 4
+    assert rt._share_threads(ident, list(range(64))) == 4  # unbound: 64 cores / 16 ranks
+    assert asked == [4, 4]

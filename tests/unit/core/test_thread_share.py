@@ -84,3 +84,4 @@ def test_auto_binds_ranks_whose_threads_fit_their_slice() -> None:
         assert len(first.value["cores"]) == len(second.value["cores"]) == 1
         assert set(first.value["cores"]) | set(second.value["cores"]) == set(CORES)
     assert "OMP_NUM_THREADS is not set" not in chosen[0].stderr
+
