@@ -41,7 +41,10 @@ _OPS = {
 }
 
 
-def _op(reduce_op: Any, call: str) -> int:
+def _op(opts: Any, call: str) -> int:
+    """hora's op for the ``ReduceOp`` of ``opts`` (torch's options; None: SUM), or ValueError
+    naming ``call``."""
+    reduce_op = opts.reduceOp if opts is not None else _R.SUM
     for torch_op, hora_op in _OPS.items():
         if reduce_op == torch_op:
             return int(hora_op)
@@ -183,11 +186,11 @@ class HoraProcessGroup(dist.ProcessGroup):
 
     # -- reductions -------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
-        op = _op(opts.reduceOp if opts is not None else _R.SUM, "allreduce")
+        op = _op(opts, "allreduce")
         return self._allreduce("allreduce", list(tensors), op)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
-        op = _op(opts.reduceOp if opts is not None else _R.SUM, "allreduce_coalesced")
+        op = _op(opts, "allreduce_coalesced")
         return self._allreduce("allreduce_coalesced", list(tensors), op)
 
     def _allreduce(self, call: str, tensors: list[torch.Tensor], op: int) -> HoraWork:
@@ -205,7 +208,7 @@ class HoraProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> HoraWork:  # fmt: skip
         call = "reduce_scatter"
-        op = _op(opts.reduceOp if opts is not None else _R.SUM, call)
+        op = _op(opts, call)
         inputs = [torch.cat([_flat(t) for t in chunks]).view(self._size, -1)
                   for chunks in input_lists]  # fmt: skip
         return self._reduce_scatter(call, list(outputs), inputs, op)
@@ -213,7 +216,7 @@ class HoraProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> HoraWork:  # fmt: skip
         call = "reduce_scatter_tensor"
-        op = _op(opts.reduceOp if opts is not None else _R.SUM, call)
+        op = _op(opts, call)
         return self._reduce_scatter(call, [output], [self._rows(input, output, call)], op)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -222,7 +225,7 @@ class HoraProcessGroup(dist.ProcessGroup):
                                         inputs: list[torch.Tensor],
                                         opts: Any = None) -> HoraWork:  # fmt: skip
         call = "reduce_scatter_tensor_coalesced"
-        op = _op(opts.reduceOp if opts is not None else _R.SUM, call)
+        op = _op(opts, call)
         rows = [self._rows(i, o, call) for o, i in zip(outputs, inputs)]
         return self._reduce_scatter(call, list(outputs), rows, op)
 
@@ -249,8 +252,7 @@ class HoraProcessGroup(dist.ProcessGroup):
                                                     process_set=self._set)]  # fmt: skip
 
         def finish(results: list[Any]) -> None:
-            got = results[0] if len(inputs) == 1 else None
-            parts = [got] if got is not None else results[0]
+            parts = [results[0]] if len(inputs) == 1 else results[0]
             for out, part in zip(outputs, parts):
                 out.copy_(part.view(out.shape))
 
