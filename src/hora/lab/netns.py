@@ -258,9 +258,12 @@ class Hosts:
         tb: TracebackType | None,
     ) -> None:
         try:
-            for ns in self.namespaces:  # the namespace goes with its veth pair and qdiscs
+            for i, ns in enumerate(self.namespaces):
                 if os.path.exists(f"/run/netns/{ns}"):
                     _kill_in(ns)
+                    # the veth pair (and its qdiscs) explicitly: a namespace's deletion frees
+                    # its devices only later, and the root-side end outlived the run for a moment
+                    _run("ip", "link", "del", f"{self.bridge}v{i}", check=False)
                     _run("ip", "netns", "del", ns, check=False)
             _run("ip", "link", "del", self.bridge, check=False)
         finally:
