@@ -144,6 +144,43 @@ def test_timestamp_prefix_and_exit_zero() -> None:
     assert not done.stdout.startswith("[0]")
 
 
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "absent"
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else text.strip()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"),
+                    reason="the kernel gives no transparent huge pages here")  # fmt: skip
+def test_torch_tensors_of_a_worker_lie_on_huge_pages(tmp_path) -> None:
+    worker = _script(
+        tmp_path,
+        """
+        import torch
+        t = torch.ones(8 << 20)  # 32 MiB, every page touched
+        ptr, huge = t.data_ptr(), 0
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split()[0]
+                if "-" in head and ":" not in head:
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= ptr < hi
+                elif inside and head == "AnonHugePages:":
+                    huge = int(line.split()[1])
+        print(f"huge_kib={huge}")
+        """,
+    )
+    done = subprocess.run([*HORA, "run", "-np", "1", sys.executable, worker],
+                          capture_output=True, text=True, timeout=45)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    huge = int(done.stdout.split("huge_kib=")[1].split()[0])
+    assert huge >= 16 << 10, done.stdout  # at least half the tensor on 2 MiB pages
+
+
 @pytest.mark.timeout(60)
 def test_preflight_errors_before_any_worker_starts() -> None:
     done = subprocess.run([*HORA, "run", "-np", "2", "-H", "localhost:1", "true"],

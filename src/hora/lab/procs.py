@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from hora.lab import gpu, report
+from hora.launch.workerenv import TORCH_HUGE_PAGES
 
 # hora's variants: extra environment for its workers (hora-tcp: no shared memory between ranks;
 # the CUDA ones choose hora's backend)
@@ -50,8 +51,9 @@ _IDENTITY = re.compile(
 
 def base_env() -> dict[str, str]:
     """This process's environment (knobs such as ``HORA_CPU_BIND`` included) without any rank
-    identity, and one compute thread per worker."""
-    env = {k: v for k, v in os.environ.items() if not _IDENTITY.match(k)}
+    identity, one compute thread per worker, and torch's huge pages as ``hora run`` gives them
+    (every backend of a run shares its workers' allocator)."""
+    env = {**TORCH_HUGE_PAGES, **{k: v for k, v in os.environ.items() if not _IDENTITY.match(k)}}
     env.update(
         OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1"
     )

@@ -49,6 +49,7 @@ from hora.lab.bench_results import Row, ScalingResult
 from hora.lab.gpu_sampler import GpuSampler
 from hora.lab.train_worker import DEFAULT_BATCH, DEFAULT_GPU_BATCH, MODELS, TrainSpec, train
 from hora.launch.hosts import HostSlots, parse_hostfile, parse_hosts
+from hora.launch.workerenv import TORCH_HUGE_PAGES
 
 log = logging.getLogger("hora.lab")
 
@@ -265,7 +266,7 @@ def _why(error: Exception, log_path: str) -> str:
 def _worker_env(backend: str = "native", device: str = "cpu") -> dict[str, str]:
     """The workers' environment: one compute thread each; on CUDA, with only ``backend``'s own
     choice of hora's backend (the caller's HOROVOD_CPU/GPU_OPERATIONS left out)."""
-    env = dict(os.environ)
+    env = {**TORCH_HUGE_PAGES, **os.environ}  # as hora run gives them, to every launcher
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     if device == "cuda":
         env = gpu.without_backend_choice(env)

@@ -50,3 +50,9 @@ def test_job_and_rank_env() -> None:
 def test_native_backend_sets_no_controller() -> None:
     env = job_env({}, load({}), "native", 1, [])
     assert "HORA_CONTROLLER" not in env and "HORA_GLOO_IFACE" not in env
+
+
+def test_torch_huge_pages_by_default_user_value_kept() -> None:
+    assert job_env({}, load({}), "native", 1, [])["THP_MEM_ALLOC_ENABLE"] == "1"
+    mine = {"THP_MEM_ALLOC_ENABLE": "0"}
+    assert job_env(mine, load(mine), "native", 1, [])["THP_MEM_ALLOC_ENABLE"] == "0"
