@@ -285,7 +285,7 @@ def _write_back(rank: int, single_copy: bool) -> dict[str, Any]:
 
     t = _transport(rank, single_copy)
     pair = t.pair(1 - rank)
-    add = lambda a, b: np.add(a, b, out=a)  # noqa: E731
+    add = lambda a, b, out=None: np.add(a, b, out=a if out is None else out)  # noqa: E731
     scratch = np.empty(1 << 18, np.uint8)
     out: dict[str, Any] = {"ok": [], "back": []}
     # each rank sends the block the peer owns and folds the peer's block into its own
@@ -303,6 +303,25 @@ def _write_back(rank: int, single_copy: bool) -> dict[str, Any]:
         sums = [(np.arange(count) % 5 + 10 * r + np.arange(count) % 7 + 1 - r) for r in (0, 1)]
         ok = np.array_equal(mine, sums[rank]) and np.array_equal(theirs, sums[1 - rank])
         out["ok"].append((f"block {count}", bool(ok)))
+        out["back"].append((count, back, wrote))
+    # into separate buffers (WRITE_APART over single copy): the inputs are only read
+    for count in (WRITE_BACK_MIN // 4, 1_500_007):
+        theirs = (np.arange(count) % 7 + rank).astype(np.float32)
+        mine = (np.arange(count) % 5 + 10 * rank).astype(np.float32)
+        theirs_out, mine_out = np.zeros_like(theirs), np.zeros_like(mine)
+        work, back = pair.isend_reduce([memoryview(theirs)], memoryview(theirs_out))
+        wrote = pair.recv_reduce_parts([mine_out], add, scratch, [mine])
+        answer = None if wrote else pair.isend(memoryview(mine_out))
+        if not back:
+            pair.recv_into(memoryview(theirs_out))
+        for w in (work, answer):
+            if w is not None:
+                w.wait()
+        sums = [(np.arange(count) % 5 + 10 * r + np.arange(count) % 7 + 1 - r) for r in (0, 1)]
+        ok = np.array_equal(mine_out, sums[rank]) and np.array_equal(theirs_out, sums[1 - rank])
+        kept = np.array_equal(theirs, np.arange(count) % 7 + rank)
+        kept = kept and np.array_equal(mine, np.arange(count) % 5 + 10 * rank)
+        out["ok"].append((f"apart {count}", bool(ok and kept)))
         out["back"].append((count, back, wrote))
     # blocks of different sizes: rank 1's (large) is written back, rank 0's (inline) is
     # answered; each side learns which from the frame kinds, over parts and single buffers
@@ -359,6 +378,11 @@ def _collectives(rank: int, single_copy: bool) -> dict[str, bool]:
             buf = base + rank
             hierarchical.allreduce_direct(comm, buf, reducer(op, "float64"))
             out[f"direct {name} {count}"] = bool(np.array_equal(buf, want))
+            src = base + rank  # into a separate output, the input only read
+            res = np.full_like(src, -1.0)
+            hierarchical.allreduce_direct(comm, src, reducer(op, "float64"), out=res)
+            kept = np.array_equal(src, base + rank)
+            out[f"direct apart {name} {count}"] = bool(np.array_equal(res, want) and kept)
             parts = np.split(base + rank, sorted([0, 3, count // 3, count // 3, count // 2 + 1]))
             parts = [p.copy() for p in parts]  # separate buffers, one of them empty
             hierarchical.allreduce_direct(comm, parts, reducer(op, "float64"))
@@ -389,6 +413,24 @@ def test_hora_collectives_run_over_shared_memory_pairs(single_copy: bool, size: 
     for rank, out in enumerate(run_ranks(_collectives, size, args=(single_copy,), timeout=120)):
         bad = [k for k, ok in out.items() if not ok]
         assert not bad, f"rank {rank}: wrong results for {bad}"
+
+
+def test_a_pulled_piece_lands_at_its_sources_offset_in_a_page() -> None:
+    """A reducing receive pulls each piece into scratch at the sender's offset in a 4 KiB
+    page (to an element), so the copy never stalls on 4K aliasing."""
+    import numpy as np
+
+    from hora.transport.shm.fold import beside as _beside
+    from hora.transport.shm.pair import EAGER_LIMIT, REDUCE_CHUNK
+
+    scratch = np.empty(EAGER_LIMIT, np.uint8)
+    base = scratch.ctypes.data
+    for addr in (base, base + 16, base + 4095 * 4, 0x7F0000000000, 0x7F0000000010 + 3):
+        for per in (1, 2, 4, 8):
+            piece = _beside(scratch, addr, per)
+            lag = (addr - piece.ctypes.data) % 4096
+            assert lag == (addr - base) % 4096 % per, (addr, per)
+            assert piece.nbytes >= REDUCE_CHUNK
 
 
 def test_only_the_data_channel_travels_over_shared_memory() -> None:

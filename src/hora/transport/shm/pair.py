@@ -29,8 +29,6 @@ operation fails at once. ``close`` is safe from any thread.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import socket
 import struct
 import threading
@@ -45,6 +43,15 @@ from hora.errors import TransportError
 from hora.transport.base import MAX_MESSAGE, Buffer
 from hora.transport.lanes import Completion, Lane, join_thread
 from hora.transport.shm import cma
+from hora.transport.shm.fold import (
+    Fold,
+    Reduce,
+    beside,
+    fold_into,
+    fold_piece,
+    offsets_of_parts,
+    ranges,
+)
 from hora.transport.shm.staging import SLOT_BYTES, SLOTS, Staging
 from hora.transport.tcp.pair import byte_view
 from hora.transport.tcp.wire import hard_close, recv_exact_into
@@ -63,49 +70,16 @@ EAGER_LIMIT = 512 << 10  # inline below: cheaper than a pull and its acknowledge
 REDUCE_CHUNK = 256 << 10  # bytes pulled per step of a reducing receive (stays in cache)
 MAX_SPANS = 1 << 16  # parts of one gathered frame, at most
 WRITE_BACK = 1  # in the slot byte of a single-copy frame: reduce it, then write the result back
+WRITE_APART = 2  # ... and write the result at the address that follows the header instead
+DEST = struct.Struct("=Q")  # that address
 _ACK = b"\x06"
 WRITE_BACK_MIN = 256 << 10  # an isend_reduce frame above this is written back (docs/shm.md)
 _MAX_IOV = 512  # pieces of one sendmsg, at most (the kernel's IOV_MAX is 1024)
 _DONE = Completion(done=True)  # shared by every isend that completed at once
 
-Reduce = Callable[[np.ndarray, np.ndarray], None]
-Fold = tuple[list[np.ndarray], Reduce, np.ndarray]  # typed parts, reduction, uint8 scratch
-
-
-def _ranges(offsets: list[int], start: int, size: int) -> list[tuple[int, int, int]]:
-    """The parts that bytes ``[start, start + size)`` of a concatenation fall in, as
-    ``(part index, offset in the part, bytes)``; ``offsets`` are the parts' starts, then the
-    total."""
-    out = []
-    i = bisect.bisect_right(offsets, start) - 1
-    end = start + size
-    while start < end:
-        n = min(offsets[i + 1], end) - start
-        if n:
-            out.append((i, start - offsets[i], n))
-        start += n
-        i += 1
-    return out
-
-
-def _offsets(sizes: Sequence[int]) -> list[int]:
-    return [0, *itertools.accumulate(sizes)]
-
-
 def _views(bufs: Sequence[Buffer], writable: bool = False) -> list[memoryview]:
     """Flat byte views of the non-empty ``bufs``."""
     return [v for v in (byte_view(b, writable=writable) for b in bufs) if v.nbytes]
-
-
-def _fold(fold: Fold, offsets: list[int], start: int, incoming: np.ndarray) -> None:
-    """Reduce ``incoming`` (bytes ``[start, start + len)`` of the frame) into the parts."""
-    arrays, reduce, _ = fold
-    at = 0
-    for i, off, n in _ranges(offsets, start, incoming.nbytes):
-        arr = arrays[i]
-        per = arr.itemsize
-        reduce(arr[off // per : (off + n) // per], incoming[at : at + n].view(arr.dtype))
-        at += n
 
 
 def _inline(total: int, views: list[memoryview]) -> list[bytes | memoryview]:
@@ -181,35 +155,43 @@ class ShmPair:
             return self._pulled(views)
         return self._sender.submit(partial(self._send_blocking, views))
 
-    def _pulled(self, views: list[memoryview], flags: int = 0) -> Completion:
+    def _pulled(
+        self, views: list[memoryview], flags: int = 0, dest: memoryview | None = None
+    ) -> Completion:
         """Announce a single-copy frame; its Work is done at the peer's acknowledgement."""
         try:
-            acked, head = self._announce(views, flags)
+            acked, head = self._announce(views, flags, dest)
         except TransportError as e:
             return Completion(e)
         written = self._write_soon(head, then=acked.wait)
         return acked if written.done() else written
 
-    def isend_reduce(self, bufs: Sequence[Buffer]) -> tuple[Completion, bool]:
+    def isend_reduce(
+        self, bufs: Sequence[Buffer], into: Buffer | None = None
+    ) -> tuple[Completion, bool]:
         """Send ``bufs`` (as :meth:`isend_parts`) for the peer to reduce into its own block.
 
         When the second value is True the frame is single-copy with ``WRITE_BACK``: the peer
         reads the parts, reduces them into its block and writes the reduced values back into
-        ``bufs``, all before the Completion is done, so the caller need not receive the result.
-        False: a plain frame, and the peer sends the result back as usual. Only writable
-        buffers larger than ``EAGER_LIMIT`` on an idle single-copy link go back this way.
+        ``bufs`` (with ``into``, a writable buffer of their size, into ``into`` instead:
+        ``WRITE_APART``, one part only; ``bufs`` stay as they are), all before the Completion
+        is done, so the caller need not receive the result. False: a plain frame, and the peer
+        sends the result back as usual. Only buffers larger than ``WRITE_BACK_MIN`` on an idle
+        single-copy link go back this way.
         """
         views = _views(bufs)
         total = sum(v.nbytes for v in views)
+        dest = None if into is None else byte_view(into, writable=True)
         if (
             self._closed
             or not self._out.single_copy
             or total <= WRITE_BACK_MIN
             or not self._sender.idle()
-            or any(v.readonly for v in views)
+            or (dest is None and any(v.readonly for v in views))
+            or (dest is not None and (len(views) != 1 or dest.nbytes != total))
         ):
             return self.isend_parts(views), False
-        return self._pulled(views, WRITE_BACK), True
+        return self._pulled(views, WRITE_BACK if dest is None else WRITE_APART, dest), True
 
     def send_msg(self, payload: bytes) -> None:
         view = byte_view(payload)
@@ -230,13 +212,13 @@ class ShmPair:
         else:
             staging = self._out.staging
             assert staging is not None
-            offsets = _offsets([v.nbytes for v in views])
+            offsets = offsets_of_parts([v.nbytes for v in views])
             for start in range(0, total, SLOT_BYTES):
                 chunk = min(SLOT_BYTES, total - start)
                 slot = self._take_slot()
                 dst = staging.slot(slot, chunk)
                 at = 0
-                for i, off, n in _ranges(offsets, start, chunk):
+                for i, off, n in ranges(offsets, start, chunk):
                     dst[at : at + n] = np.frombuffer(views[i], np.uint8, n, off)
                     at += n
                 self._write([HEADER.pack(STAGED, slot, chunk, total, 0)])
@@ -279,15 +261,19 @@ class ShmPair:
     # -- acknowledgements (the ack thread) ----------------------------------------------------
 
     def _announce(
-        self, views: list[memoryview], flags: int = 0
+        self, views: list[memoryview], flags: int = 0, dest: memoryview | None = None
     ) -> tuple[Completion, list[bytes | memoryview]]:
         """Register a single-copy frame of ``views``: its Work (done when acknowledged), and
-        what to write (the header, then for several parts their addresses and lengths)."""
+        what to write (the header, then for several parts their addresses and lengths, or for
+        ``WRITE_APART`` the address of ``dest``)."""
         work = Completion()
-        self._expect_ack(work, views)
+        self._expect_ack(work, (views, dest))
         total = sum(v.nbytes for v in views)
         if len(views) == 1:
-            return work, [HEADER.pack(PULL, flags, 0, total, cma.address(views[0]))]
+            head = HEADER.pack(PULL, flags, 0, total, cma.address(views[0]))
+            if dest is None:
+                return work, [head]
+            return work, [head + DEST.pack(cma.address(dest))]
         spans = b"".join(SPAN.pack(cma.address(v), v.nbytes) for v in views)
         return work, [HEADER.pack(PULLV, flags, len(views), total, 0), spans]
 
@@ -379,15 +365,23 @@ class ShmPair:
         return self.recv_reduce_parts([buf], reduce, scratch)
 
     def recv_reduce_parts(
-        self, parts: Sequence[np.ndarray], reduce: Reduce, scratch: np.ndarray
+        self,
+        parts: Sequence[np.ndarray],
+        reduce: Reduce,
+        scratch: np.ndarray,
+        sources: Sequence[np.ndarray] | None = None,
     ) -> bool:
-        """:meth:`recv_reduce` into the concatenation of ``parts`` (1-D, one dtype)."""
-        if scratch.nbytes < max(REDUCE_CHUNK, EAGER_LIMIT):
-            scratch = np.empty(max(REDUCE_CHUNK, EAGER_LIMIT), np.uint8)
+        """:meth:`recv_reduce` into the concatenation of ``parts`` (1-D, one dtype); with
+        ``sources`` (one per part, of its size), each part gets ``source (op) frame`` and its
+        own values are not read (an out-of-place reduction, in the same pass)."""
+        if scratch.nbytes < max(REDUCE_CHUNK + 4096, EAGER_LIMIT):
+            scratch = np.empty(max(REDUCE_CHUNK + 4096, EAGER_LIMIT), np.uint8)
         tmp = scratch.reshape(-1).view(np.uint8)
-        arrays = [p for p in parts if p.size]
+        keep = [i for i, p in enumerate(parts) if p.size]
+        arrays = [parts[i] for i in keep]
+        froms = None if sources is None else [sources[i] for i in keep]
         self._receiver.drain()
-        return self._recv([as_bytes(a) for a in arrays], (arrays, reduce, tmp))
+        return self._recv([as_bytes(a) for a in arrays], (arrays, reduce, tmp, froms))
 
     def recv_msg(self) -> bytes:
         self._receiver.drain()
@@ -405,20 +399,27 @@ class ShmPair:
         if kind not in (EAGER, PULL, PULLV, STAGED) or total != mine:
             got = KIND_NAMES.get(kind, kind)
             raise self._malformed(f"expected {mine} bytes of data, got {got} of {total}")
-        back = kind in (PULL, PULLV) and slot == WRITE_BACK
+        back = kind in (PULL, PULLV) and slot in (WRITE_BACK, WRITE_APART)
         if back and fold is None:
             raise self._malformed("a frame to reduce and write back arrived at a plain receive")
-        offsets = _offsets([v.nbytes for v in views])
+        shift = 0  # from the sender's input to where its result goes
+        if back and slot == WRITE_APART:
+            if kind != PULL:
+                raise self._malformed("a gathered frame to write apart")
+            raw = bytearray(DEST.size)
+            self._read_exact(memoryview(raw))
+            shift = DEST.unpack(raw)[0] - addr
+        offsets = offsets_of_parts([v.nbytes for v in views])
         if kind == EAGER:
             if fold is None:
                 for view in views:
                     self._read_exact(view)
             else:
                 self._read_exact(as_bytes(fold[2][:total]))
-                _fold(fold, offsets, 0, fold[2][:total])
+                fold_into(fold, offsets, 0, fold[2][:total])
         elif kind in (PULL, PULLV):
             remote = [(addr, total)] if kind == PULL else self._read_spans(chunk, total)
-            self._pull(views, remote, fold, back)
+            self._pull(views, remote, fold, back, shift)
             self._ack()
         else:
             done = 0
@@ -453,31 +454,32 @@ class ShmPair:
         remote: list[cma.Span],
         fold: Fold | None,
         back: bool = False,
+        shift: int = 0,
     ) -> None:
         """Copy the sender's parts ``remote`` into ``views``, or fold them in piece by piece;
-        with ``back``, each reduced piece is written back over the sender's, still in cache."""
+        with ``back``, each reduced piece is written back over the sender's, still in cache
+        (``shift`` bytes further on in the sender's memory: its result apart from its input)."""
         pid = self._in.pid
         try:
             local = [(cma.address(v), v.nbytes) for v in views]
             if fold is None:
                 cma.read_spans(pid, local, remote)
                 return
-            arrays, reduce, tmp = fold
-            per = arrays[0].itemsize
-            base = tmp.ctypes.data
+            per = fold[0][0].itemsize
             for pieces in cma.steps(local, remote, REDUCE_CHUNK - REDUCE_CHUNK % per):
-                at, reads = 0, []
+                tmp = beside(fold[2], pieces[0][2], per)
+                base, at, reads = tmp.ctypes.data, 0, []
                 for _, _, there, n in pieces:
                     reads.append((base + at, there, n))
                     at += n
                 cma.transfer(pid, reads)
                 at = 0
                 for i, off, _, n in pieces:
-                    arr = arrays[i]
-                    reduce(arr[off // per : (off + n) // per], tmp[at : at + n].view(arr.dtype))
+                    fold_piece(fold, i, off, n, tmp[at : at + n])
                     at += n
                 if back:
-                    cma.transfer(pid, [(local[i][0] + off, t, n) for i, off, t, n in pieces], True)
+                    writes = [(local[i][0] + off, t + shift, n) for i, off, t, n in pieces]
+                    cma.transfer(pid, writes, True)
         except OSError as e:
             raise self._fail(f"single-copy transfer with {self._what} failed: {e}") from e
 
@@ -495,10 +497,10 @@ class ShmPair:
             raise self._malformed(f"staged data in slot {slot} of {chunk} bytes")
         src = staging.slot(slot, chunk)
         if fold is not None:
-            _fold(fold, offsets, start, src)
+            fold_into(fold, offsets, start, src)
             return
         at = 0
-        for i, off, n in _ranges(offsets, start, chunk):
+        for i, off, n in ranges(offsets, start, chunk):
             np.frombuffer(views[i], np.uint8, n, off)[...] = src[at : at + n]
             at += n
 
