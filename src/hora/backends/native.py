@@ -65,6 +65,9 @@ class NativeBackend:
     # hora's own data path: a two-member set in direct mode may move a small allreduce inside
     # the round's headers (hora.core.fastpath) instead of calling this backend
     native = True
+    # allreduce takes ``out=``: the result made apart from the input in the same pass (no copy
+    # of an out-of-place allreduce's input first, core.executor)
+    reduces_into = True
 
     def __init__(self, ctx: BackendContext | None = None) -> None:
         # one scratch area for every reduction, instead of an allocation per call
@@ -79,25 +82,30 @@ class NativeBackend:
         # (tests and diagnosis read them)
         self.mapped = self.gathered = 0
 
-    def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int) -> None:
+    def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int,
+                  out: np.ndarray | None = None) -> None:  # fmt: skip
+        """Reduce ``buf`` in place, or into ``out`` (1-D, ``buf``'s size and dtype; ``buf`` is
+        then only read)."""
         arena = self._arenas.get(comm.process_set_id)
         views = arena.views(buf) if arena is not None else None
         if views is not None:  # the set's fusion buffer, in its shared arena
             check_buffer(buf, dtype)
             allreduce_mapped(comm, views, reducer(op, dtype))
             self.mapped += 1
+            if out is not None:
+                np.copyto(out, buf)
             return
         if MAPPED_MIN_BYTES < buf.nbytes <= MAPPED_MAX_BYTES:
             arena = self._arena(comm)
             if arena is not None and buf.nbytes <= arena.nbytes:
                 check_buffer(buf, dtype)
                 staged = arena.region(0, buf.nbytes, buf.dtype)
-                allreduce_staged(comm, buf, staged, reducer(op, dtype))
+                allreduce_staged(comm, buf, staged, reducer(op, dtype), out=out)
                 self.mapped += 1
                 return
         # host-aware: shared memory inside a host, hierarchical across hosts, else flat
         hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
-                               hierarchical=self._hier_allreduce, scratch=self._scratch)
+                               hierarchical=self._hier_allreduce, scratch=self._scratch, out=out)
 
     def fusion_buffer(self, comm: SetComm, count: int, dtype: str) -> np.ndarray | None:
         """A fusion buffer of ``count`` elements in the set's shared arena, which

@@ -42,33 +42,46 @@ def allreduce_mapped(comm: Comm, views: Sequence[np.ndarray], reduce: Reducer) -
 
 
 def allreduce_staged(
-    comm: Comm, buf: np.ndarray, views: Sequence[np.ndarray], reduce: Reducer
+    comm: Comm,
+    buf: np.ndarray,
+    views: Sequence[np.ndarray],
+    reduce: Reducer,
+    out: np.ndarray | None = None,
 ) -> None:
     """Reduce every member's ``buf`` in place through the arena (``views``: every member's
     part, laid out as ``buf``): each member copies its input into its part, reduces its block
     straight into ``buf`` (its own input is read where it lies), writes the reduced block into
     the others' parts, and at the end copies the others' blocks out of its own part. One copy
-    in and one copy of the others' blocks out, around :func:`allreduce_mapped`'s work."""
+    in and one copy of the others' blocks out, around :func:`allreduce_mapped`'s work. With
+    ``out``, the result goes there and ``buf`` is only read."""
     n, me = comm.size, comm.rank
+    res = buf if out is None else out
     if n == 1:
+        if out is not None:
+            np.copyto(out, buf)
         return
     np.copyto(views[me], buf)
     signal(comm)
-    bounds = _reduce_block(comm, buf, views, reduce)
+    bounds = _reduce_block(comm, res, views, reduce, None if out is None else buf)
     signal(comm)
     mine = views[me]
     for j in range(n):
         if j != me:
             a, b = bounds[j], bounds[j + 1]
-            buf[a:b] = mine[a:b]
+            res[a:b] = mine[a:b]
 
 
 def _reduce_block(
-    comm: Comm, acc: np.ndarray, views: Sequence[np.ndarray], reduce: Reducer
+    comm: Comm,
+    acc: np.ndarray,
+    views: Sequence[np.ndarray],
+    reduce: Reducer,
+    src: np.ndarray | None = None,
 ) -> list[int]:
     """Reduce this member's block of the others' ``views`` into ``acc`` (which holds this
-    member's input), piece by piece, writing each reduced piece into the others' views while
-    it is in cache. Returns the blocks' bounds."""
+    member's input, or with ``src``, gets ``src`` reduced with them), piece by piece, writing
+    each reduced piece into the others' views while it is in cache. Returns the blocks'
+    bounds."""
     n, me = comm.size, comm.rank
     bounds = offsets_of(split_even(acc.size, n))
     step = max(PIECE_BYTES // acc.itemsize, 1)
@@ -76,7 +89,11 @@ def _reduce_block(
     for a in range(bounds[me], bounds[me + 1], step):
         b = min(a + step, bounds[me + 1])
         piece = acc[a:b]
-        for v in others:
+        first = 0
+        if src is not None:
+            reduce(src[a:b], others[0][a:b], out=piece)
+            first = 1
+        for v in others[first:]:
             reduce(piece, v[a:b])
         for v in others:
             v[a:b] = piece

@@ -134,21 +134,28 @@ def allreduce(
     *,
     hierarchical: bool = False,
     scratch: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> None:
-    """Reduce ``buf`` in place across the group, choosing the algorithm (see module doc)."""
+    """Reduce ``buf`` in place across the group, choosing the algorithm (see module doc); with
+    ``out`` (1-D, of ``buf``'s size and dtype), into ``out``, ``buf`` left as it is."""
     check_buffer(buf, dtype)
     reduce = reducer(op, dtype)
+    large = buf.nbytes > registry.SMALL_THRESHOLD
+    direct = (comm.size > 1 and layout is not None and not layout.multi_host and layout.shared
+              and large)  # fmt: skip
+    if out is not None and not direct:  # the others reduce in place: in the output
+        np.copyto(out, buf)
+        buf, out = out, None
     if comm.size == 1 or buf.size == 0:
         return
-    large = buf.nbytes > registry.SMALL_THRESHOLD
     if layout is not None and layout.multi_host:
         if hierarchical or (large and layout.max_local > 1):
             _note(layout, "allreduce", "hierarchical" if hierarchical else "hierarchical (auto)")
             allreduce_hierarchical(comm, buf, dtype, op, layout, scratch=scratch)
             return
-    elif layout is not None and layout.shared and large:
+    elif direct and layout is not None:
         _note(layout, "allreduce", "direct over shared memory")
-        allreduce_direct(comm, buf, reduce, scratch=scratch)
+        allreduce_direct(comm, buf, reduce, scratch=scratch, out=out)
         return
     registry.allreduce(comm, buf, dtype, op, scratch=scratch)
 
@@ -211,17 +218,26 @@ def allreduce_direct(
     reduce: Reducer,
     *,
     scratch: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> None:
     """Direct reduce-scatter then direct allgather, in place (see module doc).
 
     ``buf`` is one 1-D buffer, or several of one dtype reduced as their concatenation (a
     fused response without a fusion buffer): each block then travels as a gather of the
-    parts it spans, read where they lie on the shared-memory pair.
+    parts it spans, read where they lie on the shared-memory pair. ``out``: where the result
+    of one buffer goes instead (``buf`` stays as it is); between two ranks of a single-copy
+    pair it is made there in the same pass, else ``buf`` is copied there first.
     """
     n, me = comm.size, comm.rank
+    pair = comm.pair(1 - me) if n == 2 else None
+    if out is not None and (not isinstance(buf, np.ndarray) or not hasattr(pair, "isend_reduce")):
+        np.copyto(out, buf)
+        buf, out = out, None
     blocks = _cut([buf] if isinstance(buf, np.ndarray) else list(buf), n)
-    if n == 2 and hasattr(comm.pair(1 - me), "isend_reduce"):
-        _allreduce_pair(comm.pair(1 - me), blocks[1 - me], blocks[me], reduce, scratch)
+    if pair is not None and hasattr(pair, "isend_reduce"):
+        outs = None if out is None else _cut([out], n)
+        _allreduce_pair(pair, blocks[1 - me], blocks[me], reduce, scratch,
+                        None if outs is None else (outs[1 - me], outs[me]))  # fmt: skip
         return
     sends = _reduce_scatter(comm, blocks, reduce, scratch)
     sends += [_isend(comm.pair((me + k) % n), blocks[me]) for k in range(1, n)]
@@ -239,20 +255,26 @@ def _allreduce_pair(
     mine: list[np.ndarray],
     reduce: Reducer,
     scratch: np.ndarray | None,
+    outs: tuple[list[np.ndarray], list[np.ndarray]] | None = None,
 ) -> None:
     """:func:`allreduce_direct` between two ranks of a shared-memory pair, in one round where
     single-copy allows: each rank reduces its own block and writes every reduced piece straight
     back into the peer's buffer while it is still in cache (``isend_reduce``), so no second
     phase sends the blocks back. A frame that cannot be written back (staged, or small) is
-    answered with the reduced block as usual; the frame kinds tell each side which it was."""
-    work, back = pair.isend_reduce([as_bytes(p) for p in theirs]) if theirs else (None, True)
+    answered with the reduced block as usual; the frame kinds tell each side which it was.
+    ``outs``: the peer's block and this rank's block of the output (one part each), where the
+    results go instead of ``theirs`` and ``mine`` (which are then only read)."""
+    into = None if outs is None or not outs[0] else as_bytes(outs[0][0])
+    sent = [as_bytes(p) for p in theirs]
+    work, back = pair.isend_reduce(sent, into) if theirs else (None, True)
+    theirs_out, mine_out = outs if outs is not None else (theirs, mine)
     wrote = True
     if mine:
         tmp = scratch if scratch is not None else np.empty(0, np.uint8)
-        wrote = pair.recv_reduce_parts(mine, reduce, tmp)
-    answer = None if wrote else _isend(pair, mine)
+        wrote = pair.recv_reduce_parts(mine_out, reduce, tmp, None if outs is None else mine)
+    answer = None if wrote else _isend(pair, mine_out)
     if not back:
-        _recv(pair, theirs, None)
+        _recv(pair, theirs_out, None)
     for w in (work, answer):
         if w is not None:
             w.wait()

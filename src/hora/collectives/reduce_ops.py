@@ -10,7 +10,7 @@ Pure functions of their arguments; thread-safe.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -32,7 +32,16 @@ OP_NAMES: dict[int, str] = {
     PRODUCT: "Product",
 }
 
-Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+
+class Reducer(Protocol):
+    """``acc = acc (op) incoming`` in place on storage-dtype arrays; with ``out``, the result
+    goes there instead and ``acc`` is only read (an out-of-place reduction in one pass)."""
+
+    def __call__(
+        self, acc: np.ndarray, incoming: np.ndarray, out: np.ndarray | None = None
+    ) -> None: ...
+
 
 _UFUNCS: dict[int, np.ufunc] = {
     AVERAGE: np.add,
@@ -87,7 +96,7 @@ def _check(op: int, dtype: str) -> None:
 
 
 def reducer(op: int, dtype: str) -> Reducer:
-    """A function doing ``acc = acc (op) incoming`` in place on storage-dtype arrays."""
+    """A :class:`Reducer`: ``acc = acc (op) incoming`` (or into ``out``) on storage arrays."""
     found = _REDUCERS.get((op, dtype))
     if found is None:
         _check(op, dtype)
@@ -105,17 +114,17 @@ _REDUCERS: dict[tuple[int, str], Reducer] = {}  # made once per (op, dtype), che
 
 
 def _ufunc_reducer(ufunc: np.ufunc) -> Reducer:
-    def reduce(acc: np.ndarray, incoming: np.ndarray) -> None:
-        ufunc(acc, incoming, out=acc)
+    def reduce(acc: np.ndarray, incoming: np.ndarray, out: np.ndarray | None = None) -> None:
+        ufunc(acc, incoming, out=acc if out is None else out)
 
     return reduce
 
 
 def _bf16_reducer(ufunc: np.ufunc) -> Reducer:
-    def reduce(acc: np.ndarray, incoming: np.ndarray) -> None:
+    def reduce(acc: np.ndarray, incoming: np.ndarray, out: np.ndarray | None = None) -> None:
         wide = bf16_to_f32(acc)
         ufunc(wide, bf16_to_f32(incoming), out=wide)
-        f32_to_bf16(wide, out=acc)
+        f32_to_bf16(wide, out=acc if out is None else out)
 
     return reduce
 

@@ -34,6 +34,10 @@ def test_reducer_matches_numpy(dtype: str, op: int) -> None:
         fn = {ro.SUM: np.add, ro.AVERAGE: np.add, ro.MIN: np.minimum, ro.MAX: np.maximum}
         expect = fn.get(op, np.multiply)(a, b)
     acc, incoming = to_storage(a, dtype), to_storage(b, dtype)
+    out = np.zeros_like(acc)
+    ro.reducer(op, dtype)(acc, incoming, out=out)  # apart: both inputs only read
+    np.testing.assert_array_equal(out, to_storage(expect, dtype))
+    np.testing.assert_array_equal(acc, to_storage(a, dtype))
     ro.reducer(op, dtype)(acc, incoming)
     np.testing.assert_array_equal(acc, to_storage(expect, dtype))
     np.testing.assert_array_equal(incoming, to_storage(b, dtype))  # incoming untouched
