@@ -288,12 +288,20 @@ def _write_back(rank: int, single_copy: bool) -> dict[str, Any]:
     add = lambda a, b, out=None: np.add(a, b, out=a if out is None else out)  # noqa: E731
     scratch = np.empty(1 << 18, np.uint8)
     out: dict[str, Any] = {"ok": [], "back": []}
-    # each rank sends the block the peer owns and folds the peer's block into its own
-    for count in (WRITE_BACK_MIN // 4, WRITE_BACK_MIN // 4 + 1, 1_500_007):
+    # each rank sends the block the peer owns and folds the peer's block into its own; then
+    # into separate buffers (WRITE_APART over single copy), the inputs only read
+    cases = [(c, False) for c in (WRITE_BACK_MIN // 4, WRITE_BACK_MIN // 4 + 1, 1_500_007)]
+    for count, apart in cases + [(WRITE_BACK_MIN // 4, True), (1_500_007, True)]:
         theirs = (np.arange(count) % 7 + rank).astype(np.float32)
         mine = (np.arange(count) % 5 + 10 * rank).astype(np.float32)
-        work, back = pair.isend_reduce([memoryview(theirs)])
-        wrote = pair.recv_reduce(mine, add, scratch)
+        theirs_in, mine_in = theirs.copy(), mine.copy()
+        if apart:
+            theirs, mine = np.zeros_like(theirs), np.zeros_like(mine)
+            work, back = pair.isend_reduce([memoryview(theirs_in)], memoryview(theirs))
+            wrote = pair.recv_reduce_parts([mine], add, scratch, [mine_in])
+        else:
+            work, back = pair.isend_reduce([memoryview(theirs)])
+            wrote = pair.recv_reduce(mine, add, scratch)
         answer = None if wrote else pair.isend(memoryview(mine))
         if not back:  # a plain frame: the owner answers with its reduced block
             pair.recv_into(memoryview(theirs))
@@ -302,26 +310,10 @@ def _write_back(rank: int, single_copy: bool) -> dict[str, Any]:
                 w.wait()
         sums = [(np.arange(count) % 5 + 10 * r + np.arange(count) % 7 + 1 - r) for r in (0, 1)]
         ok = np.array_equal(mine, sums[rank]) and np.array_equal(theirs, sums[1 - rank])
-        out["ok"].append((f"block {count}", bool(ok)))
-        out["back"].append((count, back, wrote))
-    # into separate buffers (WRITE_APART over single copy): the inputs are only read
-    for count in (WRITE_BACK_MIN // 4, 1_500_007):
-        theirs = (np.arange(count) % 7 + rank).astype(np.float32)
-        mine = (np.arange(count) % 5 + 10 * rank).astype(np.float32)
-        theirs_out, mine_out = np.zeros_like(theirs), np.zeros_like(mine)
-        work, back = pair.isend_reduce([memoryview(theirs)], memoryview(theirs_out))
-        wrote = pair.recv_reduce_parts([mine_out], add, scratch, [mine])
-        answer = None if wrote else pair.isend(memoryview(mine_out))
-        if not back:
-            pair.recv_into(memoryview(theirs_out))
-        for w in (work, answer):
-            if w is not None:
-                w.wait()
-        sums = [(np.arange(count) % 5 + 10 * r + np.arange(count) % 7 + 1 - r) for r in (0, 1)]
-        ok = np.array_equal(mine_out, sums[rank]) and np.array_equal(theirs_out, sums[1 - rank])
-        kept = np.array_equal(theirs, np.arange(count) % 7 + rank)
-        kept = kept and np.array_equal(mine, np.arange(count) % 5 + 10 * rank)
-        out["ok"].append((f"apart {count}", bool(ok and kept)))
+        if apart:  # the inputs as they were
+            ok = ok and np.array_equal(theirs_in, np.arange(count) % 7 + rank)
+            ok = ok and np.array_equal(mine_in, np.arange(count) % 5 + 10 * rank)
+        out["ok"].append((f"{'apart' if apart else 'block'} {count}", bool(ok)))
         out["back"].append((count, back, wrote))
     # blocks of different sizes: rank 1's (large) is written back, rank 0's (inline) is
     # answered; each side learns which from the frame kinds, over parts and single buffers
