@@ -85,7 +85,7 @@ class NativeBackend:
     def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int,
                   out: np.ndarray | None = None) -> None:  # fmt: skip
         """Reduce ``buf`` in place, or into ``out`` (1-D, ``buf``'s size and dtype; ``buf`` is
-        then only read)."""
+        then only read, and may be read-only)."""
         arena = self._arenas.get(comm.process_set_id)
         views = arena.views(buf) if arena is not None else None
         if views is not None:  # the set's fusion buffer, in its shared arena
@@ -98,7 +98,7 @@ class NativeBackend:
         if MAPPED_MIN_BYTES < buf.nbytes <= MAPPED_MAX_BYTES:
             arena = self._arena(comm)
             if arena is not None and buf.nbytes <= arena.nbytes:
-                check_buffer(buf, dtype)
+                check_buffer(buf if out is None else out, dtype)
                 staged = arena.region(0, buf.nbytes, buf.dtype)
                 allreduce_staged(comm, buf, staged, reducer(op, dtype), out=out)
                 self.mapped += 1

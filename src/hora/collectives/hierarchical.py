@@ -137,8 +137,9 @@ def allreduce(
     out: np.ndarray | None = None,
 ) -> None:
     """Reduce ``buf`` in place across the group, choosing the algorithm (see module doc); with
-    ``out`` (1-D, of ``buf``'s size and dtype), into ``out``, ``buf`` left as it is."""
-    check_buffer(buf, dtype)
+    ``out`` (1-D, of ``buf``'s size and dtype), into ``out``, ``buf`` only read (it may be
+    read-only)."""
+    check_buffer(buf if out is None else out, dtype)
     reduce = reducer(op, dtype)
     large = buf.nbytes > registry.SMALL_THRESHOLD
     direct = (comm.size > 1 and layout is not None and not layout.multi_host and layout.shared
