@@ -60,3 +60,25 @@ def test_allreduce_into_a_given_output_reads_the_input_only(size: int, shm: bool
     for rank, out in enumerate(run_ranks(_into_output, size, args=(shm,), timeout=120)):
         assert not out["bad"], f"rank {rank}: {out['bad']}"
         assert out["direct_rounds"] == 0, out  # negotiated: the backend made every result
+
+
+def _overlapping(rank: int) -> bool:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    ok = True
+    for count in COUNTS:
+        buf = (np.arange(count + 1) % 13 + rank).astype(np.float64)
+        want = (np.arange(count) % 13) * 2 + 1.0
+        # the output one element past the input: the result must not read what it wrote
+        hvd.allreduce(buf[:count], op=hvd.Sum, output=buf[1:], name=f"overlap.{count}")
+        ok = ok and bool(np.array_equal(buf[1:], want))
+    hvd.shutdown()
+    return ok
+
+
+@pytest.mark.timeout(90)
+def test_an_output_over_part_of_the_input_gets_the_right_result() -> None:
+    assert all(run_ranks(_overlapping, 2, timeout=60))

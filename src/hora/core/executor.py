@@ -139,7 +139,8 @@ class Executor:
                 or not getattr(self.backend, "reduces_into", False)):
             return None
         src, out = self._input(ops, spec, entry), entry.output.reshape(-1)
-        return None if ops.ptr(out) == ops.ptr(src) else (src, out)
+        # an output over (part of) the input is copied into and reduced in place as before
+        return None if np.may_share_memory(out, src) else (src, out)
 
     def _unpack(self, ops: BufferOps, spec: TensorSpec, entry: TensorEntry | None,
                 piece: Any) -> Any:  # fmt: skip
