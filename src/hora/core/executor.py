@@ -168,17 +168,11 @@ class Executor:
         names = resp.names
         if len(resp.specs) == 1:
             spec = resp.specs[0]
-            apart = self._apart(ops, resp, entries[0])
-            if apart is not None:  # made apart from its input, in the backend's one pass
-                src, flat = apart
-                self._act(names, f"{self.backend.name}_{resp.op.name}")
-                self.backend.allreduce(comm, src, dtype, red, out=flat)  # type: ignore[call-arg]
-                self._act(names, None)
-                ops.scale(flat, dtype, post)
-                return [flat.reshape(spec.request.shape)]
-            flat = self._target(ops, spec, entries[0])
+            apart = self._apart(ops, resp, entries[0])  # made apart from its input, or in place
+            src, flat = apart if apart is not None else (None, self._target(ops, spec, entries[0]))
             segments = [(0, _numel(spec.request.shape))]
-            self._reduce(ops, comm, resp, flat, dtype, red, req.prescale, post, segments, names)
+            self._reduce(ops, comm, resp, flat, dtype, red, req.prescale, post, segments, names,
+                         src)  # fmt: skip
             return [flat.reshape(spec.request.shape)]
         if resp.op == OpType.ALLREDUCE:
             total = sum(s.request.nbytes for s in resp.specs)
@@ -268,11 +262,16 @@ class Executor:
         post: float,
         segments: list[tuple[int, int]],
         names: list[str],
+        src: Any = None,
     ) -> None:
+        """Reduce ``buf`` in place, scaled before and after; with ``src`` (:meth:`_apart`: no
+        prescale, not Adasum), ``src`` into ``buf`` in the backend's one pass."""
         ops.scale(buf, dtype, pre)
         self._act(names, f"{self.backend.name}_{resp.op.name}")
         if resp.op == OpType.ADASUM:
             self.backend.adasum(comm, buf, dtype, segments)
+        elif src is not None:
+            self.backend.allreduce(comm, src, dtype, op, out=buf)  # type: ignore[call-arg]
         else:
             self.backend.allreduce(comm, buf, dtype, op)
         self._act(names, None)
