@@ -3,8 +3,9 @@
 The steady state runs without the coordinator (its request counters stand still while the
 rounds count up), and everything a round cannot settle goes back to it: a new tensor, a
 changed shape (reported naming both sides), tensors submitted in different orders, join,
-barrier, a rank that never submits (the stall inspector), a rank that shuts down or dies
-while the others wait in a round. Every test has a hard timeout.
+a rank that never submits (the stall inspector), a rank that shuts down or dies
+while the others wait in a round. A barrier stays in the rounds and still waits for every rank.
+Every test has a hard timeout.
 """
 
 from __future__ import annotations
@@ -139,6 +140,54 @@ def test_everything_a_round_cannot_settle_goes_to_the_coordinator() -> None:
         assert out["join"] == 1, out
         stats = out["stats"]
         assert isinstance(stats, dict) and stats["direct_exits"] >= 2, out
+
+
+def _barriers(rank: int) -> dict[str, object]:
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    x = np.full(4, rank + 1.0)
+    for _ in range(3):
+        hvd.allreduce(x, op=hvd.Sum, name="x")
+    before = _stats()
+    spans = []
+    sums = []
+    for i in range(5):
+        time.sleep(0.05 * ((rank + i) % hvd.size()))  # a different rank arrives last each time
+        entered = time.time()
+        hvd.barrier()
+        spans.append((entered, time.time()))
+        sums.append(float(hvd.allreduce(x, op=hvd.Sum, name="x")[0]))
+    # a barrier behind work still in flight: the round runs the work, then the barrier
+    h = hvd.allreduce_async(x, op=hvd.Sum, name="x")
+    if rank == 1:
+        time.sleep(0.2)
+    hvd.barrier()
+    sums.append(float(hvd.synchronize(h)[0]))
+    after = _stats()
+    hvd.shutdown()
+    return {"spans": spans, "sums": sums,
+            "exits": after["direct_exits"] - before["direct_exits"],
+            "requests": (after["requests_full"] + after["requests_cached"])
+            - (before["requests_full"] + before["requests_cached"])}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_a_barrier_in_the_steady_state_waits_for_all_without_the_coordinator(np_: int) -> None:
+    outs = run_ranks(_barriers, np_, timeout=90)
+    total = float(sum(range(1, np_ + 1)))
+    for i in range(5):
+        last_in = max(out["spans"][i][0] for out in outs)
+        for out in outs:  # nobody left the barrier before the last rank entered it
+            assert out["spans"][i][1] >= last_in, (i, outs)
+    for out in outs:
+        assert out["sums"] == [total] * 6, out
+        assert out["exits"] == 0 and out["requests"] == 0, out
 
 
 def _stall(rank: int) -> str:

@@ -6,15 +6,19 @@ cached tensors with nothing else outstanding, it appends a ``DIRECT`` response (
 fusion threshold) and every member, at that same point of the set's order, enters *direct
 mode*. From then on a member with work does *rounds* instead of sending requests:
 
-1. it sends every other member a header: the cache ids it has ready, in submission order, or
-   the flag ``OTHER`` when it holds anything a round cannot settle (a cache miss, a barrier or
-   join, a request already sent to the coordinator);
+1. it sends every other member a header: the cache ids it has ready, in submission order,
+   the flag ``BARRIER`` when it waits in a barrier, or the flag ``OTHER`` when it holds
+   anything a round cannot settle (a cache miss, a join, a request already sent to the
+   coordinator);
 2. it receives every other member's header (the same headers reach every member);
 3. every member decides alike: ``OTHER`` anywhere, or nothing that every member has ready,
    ends direct mode (each member then sends what it holds to the coordinator, which orders,
    validates and reports stalls as usual); otherwise the ids every member has ready run, in
    the lowest member's order, fused as the coordinator fuses, and the rest wait for the next
-   round.
+   round. When every header carries ``BARRIER``, the barrier completes after them: each
+   member has heard from every other one since all of them entered it, which is all a
+   barrier asks, so it costs no message of its own and direct mode goes on (training loops
+   that time their steps between barriers stay off rank 0).
 
 A member with work left is always in a round, and a member that has none takes part in the
 next one as soon as it has some, so every member takes part in every round, in order, and the
@@ -67,6 +71,7 @@ DATA = 2  # the header's flag: the input of its one tensor follows the ids (two 
 SHARED = 4  # the header's flag: the input of its one tensor lies in a shared exchange slot
 SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
 STOP = 16  # the header's flag: this member shuts down; the round it answers does not run
+BARRIER = 32  # the header's flag: this member waits in a barrier
 _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, then any data
 
 Header = tuple[int, list[int], bytes]  # flags, cache ids, data
@@ -111,16 +116,21 @@ class DirectMode:
 
     def decide(self, headers: Sequence[Header]) -> list[int] | None:
         """The ids to run this round, in order, from every member's header (by set rank);
-        None when direct mode ends."""
+        None when direct mode ends. When every member waits in a barrier (which the round
+        then completes), the list may be empty."""
         if any(h[0] & OTHER for h in headers):
             return None
         first = headers[0][1]
         if len(headers) == 2 and headers[1][1] == first:
-            return first or None  # the steady state: both members hold the same work
-        common = set(first)
-        for h in headers[1:]:
-            common.intersection_update(h[1])
-        return [i for i in first if i in common] or None
+            chosen = first  # the steady state: both members hold the same work
+        else:
+            common = set(first)
+            for h in headers[1:]:
+                common.intersection_update(h[1])
+            chosen = [i for i in first if i in common]
+        if chosen or all(h[0] & BARRIER for h in headers):
+            return chosen
+        return None
 
     def plan(self, ids: list[int], cache: ResponseCache) -> list[Response] | None:
         """The responses that run ``ids`` (fused, whole groups only), kept per id list; None
@@ -173,10 +183,12 @@ class MemberState:
         self.joined = False
         # direct mode: the cache ids of the tensors waiting for a round,
         # by table key in submission order; ``other``: something waits that a round cannot
-        # settle; ``sent``: table keys already asked of the coordinator
+        # settle; ``barrier``: a barrier waits; ``sent``: table keys already asked of the
+        # coordinator
         self.direct = DirectMode()
         self.ready: dict[str, int] = {}
         self.other = False
+        self.barrier = False
         self.slot = 0  # the shared exchange slot this rank fills next (they take turns)
         self.sent: set[str] = set()
         # what a round waits on, made at the first round: the other members' data connections
@@ -264,7 +276,9 @@ class DirectRounds:
         for e in entries:
             cid = ms.take(e)
             req = e.spec_request
-            if cid is None:
+            if req.op == OpType.BARRIER:
+                ms.barrier = True
+            elif cid is None:
                 ms.other = True
             else:
                 ms.ready[req.match] = cid
@@ -276,6 +290,7 @@ class DirectRounds:
         ms.sent = set(ms.table)  # asked of the coordinator before: a round cannot settle them
         ms.other = bool(ms.sent)
         ms.ready = {}
+        ms.barrier = False
 
     def _leave_direct(self, ms: MemberState) -> None:
         """Every member ends direct mode at the same round: what waits goes to the
@@ -292,7 +307,7 @@ class DirectRounds:
                 full.append(e.spec_request.to_wire())
             else:
                 hits.append(cid)
-        ms.sent, ms.ready, ms.other = set(), {}, False
+        ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
         if full or hits:
             self._send_requests(ms.comm.process_set_id, full, hits)
 
@@ -300,7 +315,7 @@ class DirectRounds:
         """One round: headers to and from every other member, then what all have ready."""
         self.stats["direct_rounds"] += 1
         ids = list(ms.ready.values())
-        flags = OTHER if ms.other else 0
+        flags = OTHER if ms.other else (BARRIER if ms.barrier else 0)
         mine = spec = None
         shared = False
         if len(ids) == 1 and not flags and ms.comm.size == 2:  # the data may come along
@@ -320,7 +335,7 @@ class DirectRounds:
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
         if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
             ms.direct.leave()
-            ms.sent, ms.ready, ms.other = set(), {}, False
+            ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
             return
         if mine is not None and spec is not None:
             theirs = headers[1 - ms.comm.rank]
@@ -333,13 +348,18 @@ class DirectRounds:
                 self._exchanged(ms, key, ids[0], spec, mine, incoming, shared)
                 return
         chosen = ms.direct.decide(headers)
-        plan = None if chosen is None else ms.direct.plan(chosen, ms.cache)
-        if plan is None:
+        plan = ms.direct.plan(chosen, ms.cache) if chosen else None
+        barrier = chosen is not None and all(h[0] & BARRIER for h in headers)
+        if plan is None and not barrier:
             self._leave_direct(ms)
             return
-        ready = ms.ready
-        self._touch(ms, [ready.pop(s.request.match) for r in plan for s in r.specs])
-        self._run(ms, plan)
+        if plan is not None:
+            ready = ms.ready
+            self._touch(ms, [ready.pop(s.request.match) for r in plan for s in r.specs])
+            self._run(ms, plan)
+        if barrier:
+            ms.barrier = False
+            self._run(ms, [Response(OpType.BARRIER)])
 
     def _touch(self, ms: MemberState, ids: list[int]) -> None:
         """What decoding these ids in a response list does to the caches (LRU order)."""
@@ -393,7 +413,7 @@ class DirectRounds:
             except TransportError:
                 continue  # a peer that is gone waits for nothing
         ms.direct.leave()
-        ms.sent, ms.ready, ms.other = set(), {}, False
+        ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
 
     def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header]:
         """Send this member's header to the others and wait for theirs, serving control

@@ -292,7 +292,8 @@ def control(
     kind: OpType, name: str, process_set_id: int = 0, ranks: tuple[int, ...] | None = None
 ) -> Handle:
     """Submit one control op (barrier, join, adding or removing a process set) on a set;
-    its handle completes with the op's result. ValueError when ``name`` is in flight."""
+    its handle completes with the op's result. ValueError when ``name`` is in flight. Every
+    caller waits for the handle, so a set in direct mode may run it in the calling thread."""
     rt = runtime()
     req = Request(kind, name, ranks=ranks)
     key = (process_set_id, req.match)
@@ -307,7 +308,7 @@ def control(
         in_flight.release(key)
         handle.set_error(error)
 
-    rt.engine.enqueue(process_set_id, [TensorEntry(req, None, None, done, failed)])
+    rt.engine.enqueue(process_set_id, [TensorEntry(req, None, None, done, failed)], inline=True)
     return handle
 
 

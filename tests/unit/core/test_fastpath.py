@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hora.core.controller import Coordinator, decode_responses
-from hora.core.fastpath import DATA, OTHER, DirectMode, decode_header, encode_header
+from hora.core.fastpath import BARRIER, DATA, OTHER, DirectMode, decode_header, encode_header
 from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
 
@@ -54,6 +54,16 @@ def test_decide_ends_direct_mode_on_other_or_nothing_in_common() -> None:
     assert d.decide([(0, [1], b""), (OTHER, [1], b"")]) is None
     assert d.decide([(0, [1], b""), (0, [2], b"")]) is None
     assert d.decide([(0, [], b""), (0, [], b"")]) is None
+
+
+def test_decide_completes_a_barrier_only_when_every_member_waits_in_it() -> None:
+    d = DirectMode()
+    assert d.decide([(BARRIER, [], b""), (BARRIER, [], b"")]) == []
+    assert d.decide([(BARRIER, [3, 1], b""), (BARRIER, [1], b""), (BARRIER, [], b"")]) == []
+    assert d.decide([(BARRIER, [3, 1], b""), (BARRIER, [1, 3], b"")]) == [3, 1]
+    assert d.decide([(BARRIER, [2], b""), (0, [2], b"")]) == [2]  # the work runs, it waits
+    assert d.decide([(BARRIER, [], b""), (0, [2], b"")]) is None
+    assert d.decide([(BARRIER, [], b""), (OTHER, [], b"")]) is None
 
 
 # -- plans -----------------------------------------------------------------------------------
