@@ -2,7 +2,9 @@
 members on one host put an allreduce's input of 64 KiB to 32 MiB in an exchange slot of the
 set's shared arena and each reduces the other's straight out of it, so the op is one exchange
 of headers. Back-to-back ops with one rank late at random, where a slot reused too early would
-show as a wrong sum (test_direct_mode checks the bits for every dtype and reduction)."""
+show as a wrong sum (test_direct_mode checks the bits for every dtype and reduction). Several
+ready allreduces go over in one hand-over, the run both members hold at the head of their
+lists, whatever else either holds."""
 
 from __future__ import annotations
 
@@ -55,3 +57,63 @@ def test_back_to_back_exchanges_with_a_late_rank_never_read_a_reused_slot() -> N
     for out in run_ranks(_late_at_random, 2, args=(steps,), timeout=100):
         assert out["wrong"] == [], out["wrong"][:10]
         assert int(out["shared"]) >= 2 * steps - 10, out["shared"]  # type: ignore[call-overload]
+
+
+def _bursts(rank: int, rounds: int) -> dict[str, object]:
+    import random
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    rnd = random.Random(rank + 7)
+    sizes = [3, 5000, 40_000, 300_000, 17, 70_000]  # in the header, in the slot, both
+    base = [np.arange(n, dtype=np.float32) % 97 for n in sizes]
+    wrong = []
+    before = _stats()
+    for step in range(rounds):
+        bufs = [b * (rank + 1) + step for b in base]
+        extra = np.full(10, rank + 1.0)  # float64: the run that one hand-over carries ends there
+        handles = []
+        order = list(range(len(sizes)))
+        if rank == 1 and step % 3 == 0:
+            order.reverse()  # different heads: the round falls back to its plan
+        for i in order:
+            if rank == 1 and rnd.random() < 0.2:
+                time.sleep(rnd.random() * 0.001)
+            op = hvd.Average if i % 2 else hvd.Sum
+            handles.append((i, hvd.allreduce_async(bufs[i], op=op, name=f"t{i}",
+                                                   prescale_factor=2.0 if i == 3 else 1.0)))
+        handles.append((-1, hvd.allreduce_async(extra, op=hvd.Sum, name="extra")))
+        mine = base[3] * (rank + 1) - step
+        inplace = hvd.allreduce_async_(mine, op=hvd.Sum, name="inplace")
+        for i, h in handles:
+            got = hvd.synchronize(h)
+            if i < 0:
+                want = np.full(10, 3.0)
+            else:
+                total = base[i] * 3 + 2 * step
+                want = total / 2 if i % 2 else total
+                if i == 3:
+                    want = want * 2
+            if not np.allclose(got, want):
+                wrong.append(f"t{i} step {step}")
+        hvd.synchronize(inplace)
+        if not np.allclose(mine, base[3] * 3 - 2 * step):
+            wrong.append(f"inplace step {step}")
+    after = _stats()
+    hvd.shutdown()
+    return {"wrong": wrong,
+            "many": after["exchanged_many"] - before["exchanged_many"],
+            "exchanged": after["exchanged"] + after["exchanged_shared"]
+            - before["exchanged"] - before["exchanged_shared"]}
+
+
+@pytest.mark.timeout(120)
+def test_a_run_of_ready_allreduces_goes_over_in_one_hand_over() -> None:
+    for out in run_ranks(_bursts, 2, args=(60,), timeout=100):
+        assert out["wrong"] == [], out["wrong"][:10]
+        assert int(out["many"]) > 0, out  # type: ignore[call-overload]
+        assert int(out["exchanged"]) > 60, out  # type: ignore[call-overload]

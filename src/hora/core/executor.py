@@ -278,61 +278,84 @@ class Executor:
         ops.scale(buf, dtype, post)
 
     def exchange_input(
-        self, comm: SetComm, spec: TensorSpec, entry: TensorEntry, slot: int
+        self, comm: SetComm, specs: list[TensorSpec], entries: list[TensorEntry], slot: int
     ) -> tuple[np.ndarray, bool] | None:
-        """What this rank offers when a two-member round carries an allreduce itself: its
-        prescaled input (the input stays as it is, should the round not run it), and whether
-        that lies in exchange slot ``slot`` of the set's shared arena, where the other member
-        reads it (else it travels in the header). None when the op does not qualify: not an
-        allreduce, not hora's own backend, or too large, or above the header's size with no
-        shared arena open for the set."""
-        req = spec.request
-        if (req.op != OpType.ALLREDUCE or entry.array is None
-                or not getattr(self.backend, "native", False)):
+        """What this rank offers when a two-member round carries allreduces itself: their
+        prescaled inputs one after another (the inputs stay as they are, should the round not
+        run them), and whether that lies in exchange slot ``slot`` of the set's shared arena,
+        where the other member reads it (else it travels in the header). ``specs``: allreduces
+        of one dtype (fastpath.exchange_run). None when they do not qualify: not hora's own
+        backend, or too large, or above the header's size with no shared arena open."""
+        if any(e.array is None for e in entries) or not getattr(self.backend, "native", False):
             return None
-        if req.nbytes <= EXCHANGE_MAX_BYTES:
+        arrays = [e.array.reshape(-1) for e in entries if e.array is not None]
+        count = sum(a.size for a in arrays)
+        dtype = arrays[0].dtype
+        if count * dtype.itemsize <= EXCHANGE_MAX_BYTES:
+            mine, shared = np.empty(count, dtype), False
+        else:
+            views = self._slot(comm, slot, count * dtype.itemsize, dtype)
+            if views is None:
+                return None
+            mine, shared = views[comm.rank], True
+        at = 0
+        for spec, entry, a in zip(specs, entries, arrays):
             _arrived(entry)
-            buf = entry.array.reshape(-1).copy()
-            scale(buf, req.dtype, req.prescale)
-            return buf, False
-        views = self._slot(comm, slot, entry.array.reshape(-1))
-        if views is None:
-            return None
-        _arrived(entry)
-        mine = views[comm.rank]
-        np.copyto(mine, entry.array.reshape(-1))
-        scale(mine, req.dtype, req.prescale)
-        return mine, True
+            piece = mine[at : at + a.size]
+            np.copyto(piece, a)
+            scale(piece, spec.request.dtype, spec.request.prescale)
+            at += a.size
+        return mine, shared
 
-    def _slot(self, comm: SetComm, slot: int, like: np.ndarray) -> list[np.ndarray] | None:
-        """Every member's exchange slot ``slot``, laid out as ``like``; None where the backend
-        has no shared arena open for the set (it never opens one here: that is collective)."""
+    def _slot(self, comm: SetComm, slot: int, nbytes: int,
+              dtype: np.dtype) -> list[np.ndarray] | None:  # fmt: skip
+        """Every member's exchange slot ``slot`` as ``nbytes`` of ``dtype``; None where the
+        backend has no shared arena open for the set (it never opens one here: that is
+        collective)."""
         get = getattr(self.backend, "exchange_slot", None)
-        views = get(comm, slot, like.nbytes) if get is not None else None
-        return None if views is None else [v.view(like.dtype) for v in views]
+        views = get(comm, slot, nbytes) if get is not None else None
+        return None if views is None else [v.view(dtype) for v in views]
 
     def exchange_peer(self, comm: SetComm, slot: int, like: np.ndarray) -> np.ndarray:
-        """The other member's input in its exchange slot ``slot``, laid out as ``like``."""
-        views = self._slot(comm, slot, like)
+        """The other member's inputs in its exchange slot ``slot``, laid out as ``like``."""
+        views = self._slot(comm, slot, like.nbytes, like.dtype)
         if views is None:
             raise HoraInternalError("the other member used a shared exchange slot this rank lacks")
         return views[1 - comm.rank]
 
     def finish_exchange(
-        self, spec: TensorSpec, entry: TensorEntry, mine: np.ndarray,
+        self, specs: list[TensorSpec], entries: list[TensorEntry], mine: np.ndarray,
         theirs: bytes | np.ndarray, shared: bool = False,
-    ) -> np.ndarray:  # fmt: skip
-        """The result of a two-member allreduce from both prescaled inputs: the same bits on
-        both ranks (the element-wise ops commute), written to the output if there is one.
-        ``shared``: both inputs lie in the set's shared arena, where the other member reads
-        ``mine`` meanwhile, so the result is made in the output, never in ``mine``."""
+    ) -> list[np.ndarray]:  # fmt: skip
+        """The results of two-member allreduces from both members' prescaled inputs, which
+        begin with these tensors' in this order: the same bits on both ranks (the element-wise
+        ops commute), written to the outputs where there are some. ``shared``: both inputs
+        lie in the set's shared arena, where the other member reads ``mine`` meanwhile, so
+        the results are made in the outputs, never in ``mine``."""
+        incoming = theirs if isinstance(theirs, np.ndarray) else np.frombuffer(theirs, mine.dtype)
+        need = sum(_numel(s.request.shape) for s in specs)
+        if incoming.size < need or mine.size < need:
+            raise HoraInternalError(
+                f"{specs[0].request.name}: the other rank sent {incoming.nbytes} bytes for "
+                f"{need * mine.itemsize}"
+            )
+        names = [s.request.name for s in specs]
+        self._act(names, "EXCHANGE_ALLREDUCE")
+        results = []
+        at = 0
+        for spec, entry in zip(specs, entries):
+            n = _numel(spec.request.shape)
+            results.append(self._exchanged(spec, entry, mine[at : at + n],
+                                           incoming[at : at + n], shared))
+            at += n
+        self._act(names, None)
+        return results
+
+    @staticmethod
+    def _exchanged(spec: TensorSpec, entry: TensorEntry, mine: np.ndarray,
+                   incoming: np.ndarray, shared: bool) -> np.ndarray:  # fmt: skip
         req = spec.request
         op = req.reduce_op
-        incoming = theirs if isinstance(theirs, np.ndarray) else np.frombuffer(theirs, mine.dtype)
-        if incoming.size != mine.size:
-            raise HoraInternalError(
-                f"{req.name}: the other rank sent {incoming.nbytes} bytes for {mine.nbytes}"
-            )
         # where the result is made: over ``mine`` where that is this rank's own copy, over the
         # input where the output is the input and holds ``mine`` already, else apart
         if entry.output is None:
@@ -341,10 +364,8 @@ class Executor:
             out = entry.output.reshape(-1)
             if entry.output is entry.array and req.prescale == 1.0:
                 mine = out
-        self._act([req.name], "EXCHANGE_ALLREDUCE")
         reducer(SUM if op == AVERAGE else op, req.dtype)(mine, incoming, out=out)
         scale(out, req.dtype, req.postscale / 2 if op == AVERAGE else req.postscale)
-        self._act([req.name], None)
         return out.reshape(req.shape)
 
     def allgather(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Any:

@@ -154,6 +154,35 @@ class DirectMode:
         return plan
 
 
+Offer = tuple[list[str], list[TensorSpec], Any, bool]  # keys, specs, inputs, in the arena
+
+
+def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
+    """How many of a member's ready tensors, from the first, one hand-over in a two-member
+    round carries: allreduces of one dtype, at most ``limit`` bytes together (the fusion
+    threshold; the first goes in any case, so 0 carries one), cut before a group that is not
+    all there (unless that leaves none). It depends on the ids alone, so each member knows
+    the other's."""
+    n = total = 0
+    first = ""
+    for spec in specs:
+        if spec is None or spec.request.op != OpType.ALLREDUCE:
+            break
+        req = spec.request
+        if n and (req.dtype != first or total + req.nbytes > limit):
+            break
+        first = req.dtype
+        n += 1
+        total += req.nbytes
+    if n > 1:
+        head = [s for s in specs[:n] if s is not None]
+        whole = _whole_groups(head)
+        if len(whole) < n:
+            cut = next(i for i, s in enumerate(head) if i >= len(whole) or whole[i] is not s)
+            n = max(cut, 1)
+    return n
+
+
 def _whole_groups(specs: list[TensorSpec]) -> list[TensorSpec]:
     """``specs`` less the members of groups that are not all there (they wait)."""
     counts: dict[str, int] = {}
@@ -316,37 +345,23 @@ class DirectRounds:
         self.stats["direct_rounds"] += 1
         ids = list(ms.ready.values())
         flags = OTHER if ms.other else (BARRIER if ms.barrier else 0)
-        mine = spec = None
-        shared = False
-        if len(ids) == 1 and not flags and ms.comm.size == 2:  # the data may come along
-            key = next(iter(ms.ready))
-            spec = ms.cache.get(ids[0])
-            if spec is not None:
-                offer = self.executor.exchange_input(ms.comm, spec, ms.table[key], ms.slot)
-                if offer is not None:
-                    mine, shared = offer
+        offer = None
+        if not flags and ms.comm.size == 2 and ids:  # the data may come along
+            offer = self._offer(ms, ids)
         data = b""
-        if mine is not None and shared:  # in the shared arena: the slots take turns
+        if offer is not None and offer[3]:  # in the shared arena: the slots take turns
             flags |= SHARED | (SLOT1 if ms.slot else 0)
             ms.slot ^= 1
-        elif mine is not None:
+        elif offer is not None:
             flags |= DATA
-            data = mine.tobytes()
+            data = offer[2].tobytes()
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
         if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
             ms.direct.leave()
             ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
             return
-        if mine is not None and spec is not None:
-            theirs = headers[1 - ms.comm.rank]
-            if theirs[1] == ids and theirs[0] & (SHARED if shared else DATA):
-                # both offered the same tensor's input, the same way
-                incoming: Any = theirs[2]
-                if shared:
-                    slot = 1 if theirs[0] & SLOT1 else 0
-                    incoming = self.executor.exchange_peer(ms.comm, slot, mine)
-                self._exchanged(ms, key, ids[0], spec, mine, incoming, shared)
-                return
+        if offer is not None and self._take_offers(ms, ids, offer, headers[1 - ms.comm.rank]):
+            return
         chosen = ms.direct.decide(headers)
         plan = ms.direct.plan(chosen, ms.cache) if chosen else None
         barrier = chosen is not None and all(h[0] & BARRIER for h in headers)
@@ -371,27 +386,63 @@ class DirectRounds:
             if mirror is not None:
                 mirror.touch(cid)
 
-    def _exchanged(
-        self, ms: MemberState, key: str, cid: int, spec: TensorSpec, mine: Any, theirs: Any,
-        shared: bool,
-    ) -> None:  # fmt: skip
-        """Finish a tensor whose inputs travelled in the round's headers."""
-        entry = ms.table[key]
-        del ms.ready[key]
-        self._touch(ms, [cid])
+    def _offer(self, ms: MemberState, ids: list[int]) -> Offer | None:
+        """The inputs this member hands over with its header in a two-member round: those of
+        the first ready tensors that one hand-over carries (:func:`exchange_run`)."""
+        keys = list(ms.ready)
+        specs = [ms.cache.get(cid) for cid in ids]
+        n = exchange_run(specs, ms.direct.fusion_threshold)
+        if n == 0:
+            return None
+        run = [s for s in specs[:n] if s is not None]
+        got = self.executor.exchange_input(ms.comm, run, [ms.table[k] for k in keys[:n]],
+                                           ms.slot)
+        return None if got is None else (keys[:n], run, got[0], got[1])
+
+    def _take_offers(self, ms: MemberState, ids: list[int], offer: Offer,
+                     theirs: Header) -> bool:  # fmt: skip
+        """Finish the tensors at the head of both members' lists whose inputs both handed
+        over the same way (the round then runs nothing else); False if there are none.
+        Every member finds the same ones: the other's run follows from its ids alone."""
+        keys, specs, mine, shared = offer
+        if not theirs[0] & (SHARED if shared else DATA):
+            return False
+        their_ids = theirs[1]
+        most = min(len(specs), exchange_run([ms.cache.get(c) for c in their_ids[: len(specs)]],
+                                            ms.direct.fusion_threshold))
+        n = 0
+        while n < most and their_ids[n] == ids[n]:
+            n += 1
+        if n == 0:
+            return False
+        keys, specs = keys[:n], specs[:n]
+        incoming: Any = theirs[2]
+        if shared:
+            slot = 1 if theirs[0] & SLOT1 else 0
+            incoming = self.executor.exchange_peer(ms.comm, slot, mine)
+        entries = [ms.table[k] for k in keys]
+        for k in keys:
+            del ms.ready[k]
+        self._touch(ms, ids[:n])
         self.stats["responses"] += 1
         self.stats["exchanged_shared" if shared else "exchanged"] += 1
-        name = spec.request.name
+        if n > 1:
+            self.stats["fused"] += n
+            self.stats["exchanged_many"] += 1
         tl = self.timeline
         if tl is not None:
-            tl.negotiate_end(name)
-            tl.start(name, "ALLREDUCE")
-        result = self.executor.finish_exchange(spec, entry, mine, theirs, shared)
-        del ms.table[key]
-        entry.complete(result)
+            for s in specs:
+                tl.negotiate_end(s.request.name)
+                tl.start(s.request.name, "ALLREDUCE")
+        results = self.executor.finish_exchange(specs, entries, mine, incoming, shared)
+        for k, e, r in zip(keys, entries, results):
+            del ms.table[k]
+            e.complete(r)
         if tl is not None:
-            req = spec.request
-            tl.end(name, req.dtype, req.shape, 0)
+            fused = sum(s.request.nbytes for s in specs) if n > 1 else 0
+            for s in specs:
+                tl.end(s.request.name, s.request.dtype, s.request.shape, fused)
+        return True
 
     def _withdraw(self, ms: MemberState) -> None:
         """This rank shuts down outside a round: it answers the next round with ``STOP``

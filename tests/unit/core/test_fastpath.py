@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from hora.core.controller import Coordinator, decode_responses
-from hora.core.fastpath import BARRIER, DATA, OTHER, DirectMode, decode_header, encode_header
+from hora.core.fastpath import (
+    BARRIER,
+    DATA,
+    OTHER,
+    DirectMode,
+    decode_header,
+    encode_header,
+    exchange_run,
+)
 from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
 
@@ -64,6 +72,24 @@ def test_decide_completes_a_barrier_only_when_every_member_waits_in_it() -> None
     assert d.decide([(BARRIER, [2], b""), (0, [2], b"")]) == [2]  # the work runs, it waits
     assert d.decide([(BARRIER, [], b""), (0, [2], b"")]) is None
     assert d.decide([(BARRIER, [], b""), (OTHER, [], b"")]) is None
+
+
+def test_one_hand_over_carries_a_run_of_allreduces_of_one_dtype_within_the_threshold() -> None:
+    def spec(name: str, n: int = 4, dtype: str = "float32", **kw: Any) -> TensorSpec:
+        return TensorSpec(Request(OpType.ALLREDUCE, name, dtype, (n,), **kw))
+
+    a, b, c = spec("a"), spec("b"), spec("c")  # 16 bytes each
+    assert exchange_run([a, b, c], 64) == 3
+    assert exchange_run([a, b, c], 32) == 2
+    assert exchange_run([a, b, c], 0) == 1  # no fusion: one at a time
+    assert exchange_run([a, spec("d", dtype="float64"), c], 64) == 1
+    assert exchange_run([a, None, c], 64) == 1  # not cached
+    bc = TensorSpec(Request(OpType.BROADCAST, "bc", "float32", (4,), root=0))
+    assert exchange_run([bc, a], 64) == 0 and exchange_run([], 64) == 0
+    g1, g2 = spec("g1", group="g", group_size=2), spec("g2", group="g", group_size=2)
+    assert exchange_run([a, g1, g2, b], 64) == 4
+    assert exchange_run([a, g1, b], 64) == 1  # cut before the group that is not all there
+    assert exchange_run([g1, b], 64) == 1  # unless that leaves none
 
 
 # -- plans -----------------------------------------------------------------------------------
