@@ -118,16 +118,17 @@ class NativeBackend:
             return None
         return arena.mine(count, st)
 
-    def exchange_slot(self, comm: SetComm, slot: int, nbytes: int) -> list[np.ndarray] | None:
-        """Exchange slot ``slot`` (0 or 1) of every member's part of the set's shared arena, as
-        ``nbytes`` bytes: where a two-member round puts an allreduce's input for the other
-        member to read (hora.core.fastpath). None if the set has no arena open, or the input
-        does not fit. Never opens one (that is collective). The two slots are disjoint, so a
-        member may fill one while the other still reads its last input from the other slot."""
+    def exchange_slot(self, comm: SetComm, slot: int, nbytes: int,
+                      at: int = 0) -> list[np.ndarray] | None:  # fmt: skip
+        """Bytes ``[at, at + nbytes)`` of exchange slot ``slot`` (0 or 1) of every member's part
+        of the set's shared arena: where a two-member round puts allreduces' inputs for the
+        other member to read (hora.core.fastpath). None if the set has no arena open, or they
+        do not fit. Never opens one (that is collective). The two slots are disjoint, so a
+        member may fill one while the other still reads its last inputs from the other."""
         arena = self._arenas.get(comm.process_set_id)
-        if arena is None or nbytes > SLOT_BYTES or arena.nbytes < 2 * SLOT_BYTES:
+        if arena is None or at + nbytes > SLOT_BYTES or arena.nbytes < 2 * SLOT_BYTES:
             return None
-        return arena.region(slot * SLOT_BYTES, nbytes)
+        return arena.region(slot * SLOT_BYTES + at, nbytes)
 
     def _arena(self, comm: SetComm) -> Arena | None:
         """The set's shared arena, opened (collectively) the first time it is asked for."""

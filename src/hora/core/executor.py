@@ -278,26 +278,28 @@ class Executor:
         ops.scale(buf, dtype, post)
 
     def exchange_input(
-        self, comm: SetComm, specs: list[TensorSpec], entries: list[TensorEntry], slot: int
-    ) -> tuple[np.ndarray, bool] | None:
+        self, comm: SetComm, specs: list[TensorSpec], entries: list[TensorEntry], slot: int,
+        at: int = 0,
+    ) -> tuple[np.ndarray, bool] | None:  # fmt: skip
         """What this rank offers when a two-member round carries allreduces itself: their
         prescaled inputs one after another (the inputs stay as they are, should the round not
-        run them), and whether that lies in exchange slot ``slot`` of the set's shared arena,
-        where the other member reads it (else it travels in the header). ``specs``: allreduces
-        of one dtype (fastpath.exchange_run). None when they do not qualify: not hora's own
-        backend, or too large, or above the header's size with no shared arena open."""
+        run them), and whether that lies in exchange slot ``slot`` of the set's shared arena
+        from byte ``at`` on, where the other member reads it (else, small and ``at`` 0, it
+        travels in the header). ``specs``: allreduces of one dtype (fastpath.exchange_run).
+        None when they do not qualify: not hora's own backend, or they do not fit in the slot
+        or the header, or there is no shared arena open."""
         if any(e.array is None for e in entries) or not getattr(self.backend, "native", False):
             return None
         arrays = [e.array.reshape(-1) for e in entries if e.array is not None]
         count = sum(a.size for a in arrays)
         dtype = arrays[0].dtype
-        if count * dtype.itemsize <= EXCHANGE_MAX_BYTES:
+        if at == 0 and count * dtype.itemsize <= EXCHANGE_MAX_BYTES:
             mine, shared = np.empty(count, dtype), False
         else:
-            views = self._slot(comm, slot, count * dtype.itemsize, dtype)
-            if views is None:
+            mine_ = self.exchange_view(comm, slot, at, count, dtype, comm.rank)
+            if mine_ is None:
                 return None
-            mine, shared = views[comm.rank], True
+            mine, shared = mine_, True
         at = 0
         for spec, entry, a in zip(specs, entries, arrays):
             _arrived(entry)
@@ -307,21 +309,22 @@ class Executor:
             at += a.size
         return mine, shared
 
-    def _slot(self, comm: SetComm, slot: int, nbytes: int,
-              dtype: np.dtype) -> list[np.ndarray] | None:  # fmt: skip
-        """Every member's exchange slot ``slot`` as ``nbytes`` of ``dtype``; None where the
-        backend has no shared arena open for the set (it never opens one here: that is
-        collective)."""
+    def exchange_view(self, comm: SetComm, slot: int, at: int, count: int, dtype: np.dtype,
+                      member: int) -> np.ndarray | None:  # fmt: skip
+        """``count`` elements of ``dtype`` from byte ``at`` of ``member``'s exchange slot
+        ``slot``; None where they do not fit, or the backend has no shared arena open for the
+        set (it never opens one here: that is collective)."""
         get = getattr(self.backend, "exchange_slot", None)
-        views = get(comm, slot, nbytes) if get is not None else None
-        return None if views is None else [v.view(dtype) for v in views]
+        views = get(comm, slot, count * dtype.itemsize, at) if get is not None else None
+        return None if views is None else views[member].view(dtype)
 
-    def exchange_peer(self, comm: SetComm, slot: int, like: np.ndarray) -> np.ndarray:
-        """The other member's inputs in its exchange slot ``slot``, laid out as ``like``."""
-        views = self._slot(comm, slot, like.nbytes, like.dtype)
-        if views is None:
+    def exchange_peer(self, comm: SetComm, slot: int, at: int, count: int,
+                      dtype: np.dtype) -> np.ndarray:  # fmt: skip
+        """The other member's inputs in its exchange slot ``slot``, from byte ``at``."""
+        view = self.exchange_view(comm, slot, at, count, dtype, 1 - comm.rank)
+        if view is None:
             raise HoraInternalError("the other member used a shared exchange slot this rank lacks")
-        return views[1 - comm.rank]
+        return view
 
     def finish_exchange(
         self, specs: list[TensorSpec], entries: list[TensorEntry], mine: np.ndarray,
@@ -332,8 +335,8 @@ class Executor:
         ops commute), written to the outputs where there are some. ``shared``: both inputs
         lie in the set's shared arena, where the other member reads ``mine`` meanwhile, so
         the results are made in the outputs, never in ``mine``."""
-        incoming = theirs if isinstance(theirs, np.ndarray) else np.frombuffer(theirs, mine.dtype)
         need = sum(_numel(s.request.shape) for s in specs)
+        incoming = theirs if isinstance(theirs, np.ndarray) else np.frombuffer(theirs, mine.dtype)
         if incoming.size < need or mine.size < need:
             raise HoraInternalError(
                 f"{specs[0].request.name}: the other rank sent {incoming.nbytes} bytes for "

@@ -45,6 +45,7 @@ thread, or such a caller); not thread-safe otherwise.
 from __future__ import annotations
 
 import logging
+import math
 import select
 import struct
 import threading
@@ -67,12 +68,15 @@ from hora.transport.base import Pair
 log = logging.getLogger("hora.engine")
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
-DATA = 2  # the header's flag: the input of its one tensor follows the ids (two members)
-SHARED = 4  # the header's flag: the input of its one tensor lies in a shared exchange slot
+DATA = 2  # the header's flag: the inputs of its first tensors follow the ids (two members)
+SHARED = 4  # the header's flag: the inputs of its first tensors lie in a shared exchange slot
 SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
 STOP = 16  # the header's flag: this member shuts down; the round it answers does not run
 BARRIER = 32  # the header's flag: this member waits in a barrier
 _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, then any data
+# with DATA or SHARED, the data begins: how many tensors' inputs are handed over, and where in
+# the slot they begin (bytes; 0 with DATA, whose inputs follow)
+_OFFER = struct.Struct("<IQ")
 
 Header = tuple[int, list[int], bytes]  # flags, cache ids, data
 
@@ -87,7 +91,7 @@ def decode_header(payload: bytes, peer: int) -> Header:
         raise ValueError(f"malformed direct-mode header from rank {peer}: {len(payload)} bytes")
     flags, count = _HEAD.unpack_from(payload)
     end = _HEAD.size + 4 * count
-    if len(payload) < end or (len(payload) > end and not flags & DATA):
+    if len(payload) < end or (len(payload) > end and not flags & (DATA | SHARED)):
         raise ValueError(
             f"malformed direct-mode header from rank {peer}: {count} ids in "
             f"{len(payload) - _HEAD.size} bytes"
@@ -154,7 +158,23 @@ class DirectMode:
         return plan
 
 
-Offer = tuple[list[str], list[TensorSpec], Any, bool]  # keys, specs, inputs, in the arena
+class Lent:
+    """Inputs this member put in an exchange slot that the other member has not reduced yet:
+    the tensors' entries in order (the submissions themselves: a name submitted again is
+    another entry), the bytes ``[start, end)`` of slot ``slot`` they fill. The next round
+    hands them over again where they lie (and puts new ones after them), so a tensor is
+    copied into a slot once however many rounds its turn takes."""
+
+    __slots__ = ("slot", "entries", "start", "end", "dtype")
+
+    def __init__(self, slot: int, entries: list[TensorEntry], end: int, dtype: Any) -> None:
+        self.slot, self.entries, self.start, self.end = slot, entries, 0, end
+        self.dtype = dtype
+
+
+# an offer: table keys, specs, this member's inputs (header bytes or a slot view), whether in
+# a slot, which, and from which byte
+Offer = tuple[list[str], list[TensorSpec], Any, bool, int, int]
 
 
 def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
@@ -219,6 +239,7 @@ class MemberState:
         self.other = False
         self.barrier = False
         self.slot = 0  # the shared exchange slot this rank fills next (they take turns)
+        self.lent: Lent | None = None  # inputs in a slot that the other has not taken yet
         self.sent: set[str] = set()
         # what a round waits on, made at the first round: the other members' data connections
         # by descriptor, and a poll object over them, the control connections and the wake-up
@@ -320,6 +341,7 @@ class DirectRounds:
         ms.other = bool(ms.sent)
         ms.ready = {}
         ms.barrier = False
+        ms.lent = None
 
     def _leave_direct(self, ms: MemberState) -> None:
         """Every member ends direct mode at the same round: what waits goes to the
@@ -337,6 +359,7 @@ class DirectRounds:
             else:
                 hits.append(cid)
         ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
+        ms.lent = None
         if full or hits:
             self._send_requests(ms.comm.process_set_id, full, hits)
 
@@ -349,16 +372,17 @@ class DirectRounds:
         if not flags and ms.comm.size == 2 and ids:  # the data may come along
             offer = self._offer(ms, ids)
         data = b""
-        if offer is not None and offer[3]:  # in the shared arena: the slots take turns
-            flags |= SHARED | (SLOT1 if ms.slot else 0)
-            ms.slot ^= 1
+        if offer is not None and offer[3]:  # in the shared arena
+            flags |= SHARED | (SLOT1 if offer[4] else 0)
+            data = _OFFER.pack(len(offer[1]), offer[5])
         elif offer is not None:
             flags |= DATA
-            data = offer[2].tobytes()
+            data = _OFFER.pack(len(offer[1]), 0) + offer[2].tobytes()
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
         if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
             ms.direct.leave()
             ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
+            ms.lent = None
             return
         if offer is not None and self._take_offers(ms, ids, offer, headers[1 - ms.comm.rank]):
             return
@@ -388,38 +412,64 @@ class DirectRounds:
 
     def _offer(self, ms: MemberState, ids: list[int]) -> Offer | None:
         """The inputs this member hands over with its header in a two-member round: those of
-        the first ready tensors that one hand-over carries (:func:`exchange_run`)."""
+        the first ready tensors that one hand-over carries (:func:`exchange_run`), where the
+        last round left them in a slot if it did not take them all, else in the other slot
+        (the slots take turns) or, small, in the header."""
         keys = list(ms.ready)
         specs = [ms.cache.get(cid) for cid in ids]
         n = exchange_run(specs, ms.direct.fusion_threshold)
+        lent, ms.lent = ms.lent, None
         if n == 0:
             return None
+        keys = keys[:n]
         run = [s for s in specs[:n] if s is not None]
-        got = self.executor.exchange_input(ms.comm, run, [ms.table[k] for k in keys[:n]],
-                                           ms.slot)
-        return None if got is None else (keys[:n], run, got[0], got[1])
+        entries = [ms.table[k] for k in keys]
+        ex, comm = self.executor, ms.comm
+        k = 0 if lent is None else len(lent.entries)
+        if lent is not None and k <= n and all(a is b for a, b in zip(entries, lent.entries)):
+            arr = entries[0].array
+            more = (None, True) if k == n else ex.exchange_input(comm, run[k:], entries[k:],
+                                                                  lent.slot, lent.end)
+            if more is not None and more[1] and arr is not None and arr.dtype == lent.dtype:
+                if more[0] is not None:
+                    lent.end += more[0].nbytes
+                lent.entries = entries
+                mine = ex.exchange_view(comm, lent.slot, lent.start,
+                                        (lent.end - lent.start) // lent.dtype.itemsize,
+                                        lent.dtype, comm.rank)
+                ms.lent = lent
+                return keys, run, mine, True, lent.slot, lent.start
+        got = ex.exchange_input(comm, run, entries, ms.slot)
+        if got is None:
+            return None
+        slot = ms.slot
+        if got[1]:
+            ms.lent = Lent(slot, entries, got[0].nbytes, got[0].dtype)
+            ms.slot ^= 1
+        return keys, run, got[0], got[1], slot, 0
 
     def _take_offers(self, ms: MemberState, ids: list[int], offer: Offer,
                      theirs: Header) -> bool:  # fmt: skip
         """Finish the tensors at the head of both members' lists whose inputs both handed
-        over the same way (the round then runs nothing else); False if there are none.
-        Every member finds the same ones: the other's run follows from its ids alone."""
-        keys, specs, mine, shared = offer
-        if not theirs[0] & (SHARED if shared else DATA):
+        over (the round then runs nothing else); False if there are none. Every member finds
+        the same ones, from the two headers."""
+        keys, specs, mine, shared, _, _ = offer
+        flags, their_ids, data = theirs
+        if not flags & (DATA | SHARED) or len(data) < _OFFER.size:
             return False
-        their_ids = theirs[1]
-        most = min(len(specs), exchange_run([ms.cache.get(c) for c in their_ids[: len(specs)]],
-                                            ms.direct.fusion_threshold))
+        count, at = _OFFER.unpack_from(data)
+        most = min(len(specs), count)
         n = 0
         while n < most and their_ids[n] == ids[n]:
             n += 1
         if n == 0:
             return False
         keys, specs = keys[:n], specs[:n]
-        incoming: Any = theirs[2]
-        if shared:
-            slot = 1 if theirs[0] & SLOT1 else 0
-            incoming = self.executor.exchange_peer(ms.comm, slot, mine)
+        need = sum(math.prod(s.request.shape) for s in specs)
+        incoming: Any = data[_OFFER.size :]
+        if flags & SHARED:
+            incoming = self.executor.exchange_peer(ms.comm, 1 if flags & SLOT1 else 0, at,
+                                                   need, mine.dtype)
         entries = [ms.table[k] for k in keys]
         for k in keys:
             del ms.ready[k]
@@ -435,6 +485,12 @@ class DirectRounds:
                 tl.negotiate_end(s.request.name)
                 tl.start(s.request.name, "ALLREDUCE")
         results = self.executor.finish_exchange(specs, entries, mine, incoming, shared)
+        lent = ms.lent
+        if lent is not None:  # what the other took from the slot is done with
+            lent.entries = lent.entries[n:]
+            lent.start += need * mine.dtype.itemsize
+            if not lent.entries:
+                ms.lent = None
         for k, e, r in zip(keys, entries, results):
             del ms.table[k]
             e.complete(r)
@@ -465,6 +521,7 @@ class DirectRounds:
                 continue  # a peer that is gone waits for nothing
         ms.direct.leave()
         ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
+        ms.lent = None
 
     def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header]:
         """Send this member's header to the others and wait for theirs, serving control
