@@ -26,7 +26,7 @@ from hora.core.process_sets import ProcessSet
 from hora.errors import HoraInternalError
 from hora.frameworks import ops
 from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum, reduce_op
-from hora.frameworks.submit import engine_waits
+from hora.frameworks.submit import caller_waits, engine_waits
 from hora.torch.adapter import Staged, stage, to_tensor, write_back
 
 
@@ -160,10 +160,8 @@ def allreduce_(
 ) -> torch.Tensor:
     """Reduce ``tensor`` in place and return it (not differentiable)."""
     op = reduce_op(average, op)
-    h = allreduce_async_(
-        tensor, None, name, op, prescale_factor, postscale_factor, process_set, priority=priority
-    )
-    return synchronize(h)
+    return blocking(allreduce_async_, tensor, None, name, op, prescale_factor,
+                    postscale_factor, process_set, priority=priority)  # fmt: skip
 
 
 def grouped_allreduce_async(
@@ -219,18 +217,8 @@ def grouped_allreduce_(
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors in place and return them (not differentiable)."""
     op = reduce_op(average, op)
-    return synchronize(
-        grouped_allreduce_async_(
-            tensors,
-            None,
-            name,
-            op,
-            prescale_factor,
-            postscale_factor,
-            process_set,
-            priority=priority,
-        )
-    )
+    return blocking(grouped_allreduce_async_, tensors, None, name, op, prescale_factor,
+                    postscale_factor, process_set, priority=priority)  # fmt: skip
 
 
 def sparse_allreduce_async(
@@ -338,7 +326,7 @@ def broadcast_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s and return it (not differentiable)."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return blocking(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 def alltoall_async(
@@ -413,6 +401,15 @@ def grouped_reducescatter_async(
 def poll(handle: Handle | int) -> bool:
     """True once the operation behind ``handle`` has finished (successfully or not)."""
     return ops.poll(handle)
+
+
+def blocking(start: Callable[..., Handle], *args: Any, **kw: Any) -> Any:
+    """A blocking form: submit through ``start`` and wait for the result. The caller waits
+    anyway, so the engine may run the op in this thread (no hand-off to its thread and
+    back); the handle stays here."""
+    with caller_waits():
+        handle = start(*args, **kw)
+    return synchronize(handle)
 
 
 def synchronize(handle: Handle | int) -> Any:
