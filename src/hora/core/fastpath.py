@@ -44,7 +44,6 @@ thread, or such a caller); not thread-safe otherwise.
 
 from __future__ import annotations
 
-import logging
 import math
 import select
 import struct
@@ -60,12 +59,10 @@ from hora.core.controller import Coordinator, fuse
 from hora.core.executor import Executor, TensorEntry
 from hora.core.messages import CACHEABLE, OpType, Response, TensorSpec, table_key
 from hora.core.response_cache import ResponseCache
-from hora.core.stall import STALL_MESSAGE, missing_line, shutdown_error
+from hora.core.stall import round_stall
 from hora.errors import TransportError
 from hora.settings import Settings
 from hora.transport.base import Pair
-
-log = logging.getLogger("hora.engine")
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
 DATA = 2  # the header's flag: the inputs of its first tensors follow the ids (two members)
@@ -568,7 +565,8 @@ class DirectRounds:
                     self._begin_shutdown()  # rank 0 tells the others; the others, rank 0
                 if waiting:
                     missing = [comm.ranks[p] for p, _ in waiting.values()]
-                    warned = self._direct_stall(ms, missing, since, warned)
+                    held = (e.spec_request.name for e in ms.table.values())
+                    warned = round_stall(self.settings, held, missing, since, warned)
         finally:
             for fd in peers:
                 if fd not in waiting:
@@ -595,23 +593,3 @@ class DirectRounds:
         """A control connection closed during a round: no poll object watches it again."""
         ms.poller = None
         self._forgotten.append(fd)  # the loop's poll object: the engine thread's to change
-
-    def _direct_stall(
-        self, ms: MemberState, missing: list[int], since: float, warned: float | None
-    ) -> float | None:
-        """The stall inspector of a round (this rank knows whom it waits for): warns every
-        HOROVOD_STALL_CHECK_TIME_SECONDS, ends the job past the shutdown time. Returns when it
-        last warned."""
-        s = self.settings
-        now = time.monotonic()
-        if s.stall_check_disable or now - since < s.stall_check_time_seconds:
-            return warned
-        names = [e.spec_request.name for e in ms.table.values()]
-        lines = "\n".join(missing_line(r, names) for r in missing)
-        text = STALL_MESSAGE.format(secs=s.stall_check_time_seconds, lines=lines)
-        if 0 < s.stall_shutdown_time_seconds <= now - since:
-            raise shutdown_error(text, s)
-        if warned is None or now - warned >= s.stall_check_time_seconds:
-            log.warning(text)
-            return now
-        return warned

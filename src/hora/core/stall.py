@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from hora.errors import HoraInternalError
@@ -87,3 +88,24 @@ class StallInspector:
             self.hang.reset()
             return False
         return not self.hang.poll(self.coordinator, after, now) and shut
+
+
+def round_stall(
+    s: Settings, held: Iterable[str], missing: list[int], since: float, warned: float | None
+) -> float | None:
+    """The stall inspector of a direct-mode round, waiting since ``since`` for the ranks
+    ``missing`` while this rank holds the tensors named ``held`` (read only once it warns):
+    warns every HOROVOD_STALL_CHECK_TIME_SECONDS, ends the job past the shutdown time.
+    Returns when it last warned."""
+    now = time.monotonic()
+    if s.stall_check_disable or now - since < s.stall_check_time_seconds:
+        return warned
+    names = list(held)
+    lines = "\n".join(missing_line(r, names) for r in missing)
+    text = STALL_MESSAGE.format(secs=s.stall_check_time_seconds, lines=lines)
+    if 0 < s.stall_shutdown_time_seconds <= now - since:
+        raise shutdown_error(text, s)
+    if warned is None or now - warned >= s.stall_check_time_seconds:
+        log.warning(text)
+        return now
+    return warned
