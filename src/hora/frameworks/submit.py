@@ -125,7 +125,8 @@ def _submit(
     waits = getattr(_caller, "waits", False)
     if not waits:  # a blocking form's handle never reaches the user: no int for it
         _handles.add(handle)
-    rt.engine.enqueue(ps_id, entries, waits)
+    # a device copy still landing is the engine thread's to wait for, blocking form or not
+    rt.engine.enqueue(ps_id, entries, waits and ready is None)
     return handle
 
 

@@ -403,12 +403,17 @@ def poll(handle: Handle | int) -> bool:
     return ops.poll(handle)
 
 
-def blocking(start: Callable[..., Handle], *args: Any, **kw: Any) -> Any:
-    """A blocking form: submit through ``start`` and wait for the result. The caller waits
-    anyway, so the engine may run the op in this thread (no hand-off to its thread and
-    back); the handle stays here."""
-    with caller_waits():
-        handle = start(*args, **kw)
+def blocking(start: Callable[..., Handle], tensors: Any, *args: Any, **kw: Any) -> Any:
+    """A blocking form: submit ``tensors`` (one or a list) through ``start`` and wait for the
+    result. The caller waits anyway, so for tensors in host memory the engine may run the op
+    in this thread (no hand-off to its thread and back); the handle stays here. Tensors on a
+    device go through the engine thread, which owns their streams."""
+    many = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+    if all(t.device.type == "cpu" for t in many):
+        with caller_waits():
+            handle = start(tensors, *args, **kw)
+    else:
+        handle = start(tensors, *args, **kw)
     return synchronize(handle)
 
 
