@@ -300,13 +300,13 @@ class Executor:
             if mine_ is None:
                 return None
             mine, shared = mine_, True
-        at = 0
+        pos = 0  # in elements of ``mine``
         for spec, entry, a in zip(specs, entries, arrays):
             _arrived(entry)
-            piece = mine[at : at + a.size]
+            piece = mine[pos : pos + a.size]
             np.copyto(piece, a)
             scale(piece, spec.request.dtype, spec.request.prescale)
-            at += a.size
+            pos += a.size
         return mine, shared
 
     def exchange_view(self, comm: SetComm, slot: int, at: int, count: int, dtype: np.dtype,

@@ -44,7 +44,6 @@ thread, or such a caller); not thread-safe otherwise.
 
 from __future__ import annotations
 
-import math
 import select
 import struct
 import threading
@@ -178,8 +177,7 @@ def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
     """How many of a member's ready tensors, from the first, one hand-over in a two-member
     round carries: allreduces of one dtype, at most ``limit`` bytes together (the fusion
     threshold; the first goes in any case, so 0 carries one), cut before a group that is not
-    all there (unless that leaves none). It depends on the ids alone, so each member knows
-    the other's."""
+    all there (unless that leaves none)."""
     n = total = 0
     first = ""
     for spec in specs:
@@ -424,11 +422,11 @@ class DirectRounds:
         ex, comm = self.executor, ms.comm
         k = 0 if lent is None else len(lent.entries)
         if lent is not None and k <= n and all(a is b for a, b in zip(entries, lent.entries)):
-            arr = entries[0].array
-            more = (None, True) if k == n else ex.exchange_input(comm, run[k:], entries[k:],
-                                                                  lent.slot, lent.end)
-            if more is not None and more[1] and arr is not None and arr.dtype == lent.dtype:
-                if more[0] is not None:
+            # the same entries lead, so the run's one dtype is the lent inputs' own
+            more = None if k == n else ex.exchange_input(comm, run[k:], entries[k:], lent.slot,
+                                                         lent.end)
+            if k == n or (more is not None and more[1]):
+                if more is not None:
                     lent.end += more[0].nbytes
                 lent.entries = entries
                 mine = ex.exchange_view(comm, lent.slot, lent.start,
@@ -462,11 +460,11 @@ class DirectRounds:
         if n == 0:
             return False
         keys, specs = keys[:n], specs[:n]
-        need = sum(math.prod(s.request.shape) for s in specs)
+        nbytes = sum(s.request.nbytes for s in specs)
         incoming: Any = data[_OFFER.size :]
         if flags & SHARED:
             incoming = self.executor.exchange_peer(ms.comm, 1 if flags & SLOT1 else 0, at,
-                                                   need, mine.dtype)
+                                                   nbytes // mine.itemsize, mine.dtype)
         entries = [ms.table[k] for k in keys]
         for k in keys:
             del ms.ready[k]
@@ -485,7 +483,7 @@ class DirectRounds:
         lent = ms.lent
         if lent is not None:  # what the other took from the slot is done with
             lent.entries = lent.entries[n:]
-            lent.start += need * mine.dtype.itemsize
+            lent.start += nbytes
             if not lent.entries:
                 ms.lent = None
         for k, e, r in zip(keys, entries, results):

@@ -29,6 +29,7 @@ from hora.torch.async_ops import (
     allgather_async,
     allreduce_async,
     alltoall_async,
+    blocking,
     broadcast_async,
     grouped_allgather_async,
     grouped_allreduce_async,
@@ -36,7 +37,6 @@ from hora.torch.async_ops import (
     reduce_op,
     reducescatter_async,
 )
-from hora.torch.async_ops import blocking as _blocking
 from hora.torch.compression import Compression, Compressor
 
 
@@ -52,7 +52,7 @@ def _my_offsets(rows: list[int], name: str | None, process_set: ProcessSet) -> l
     """For each of this rank's row counts, the number of rows the lower ranks contributed."""
     mine = torch.tensor([rows], dtype=torch.int64)
     rows_name = None if name is None else f"{name}.grad_rows"
-    everyone = _blocking(allgather_async, mine, rows_name, process_set)
+    everyone = blocking(allgather_async, mine, rows_name, process_set)
     below = everyone[: _set(process_set).rank()]
     return below.sum(dim=0).tolist()
 
@@ -67,7 +67,7 @@ def _allreduce_forward(
     op = reduce_op(average, op)
     pre, post = prescale_factor, postscale_factor
     ctx.args = (name, op, pre, post, process_set, priority)
-    return _blocking(allreduce_async, tensor, None, name, op, pre, post, process_set,
+    return blocking(allreduce_async, tensor, None, name, op, pre, post, process_set,
                      priority=priority)  # fmt: skip
 
 
@@ -128,7 +128,7 @@ class HorovodGroupedAllreduce(Function):
         op = reduce_op(average, op)
         pre, post = prescale_factor, postscale_factor
         ctx.args = (name, op, pre, post, process_set)
-        return tuple(_blocking(grouped_allreduce_async, tensors, None, name, op, pre, post,
+        return tuple(blocking(grouped_allreduce_async, tensors, None, name, op, pre, post,
                                process_set))  # fmt: skip
 
     @staticmethod
@@ -144,7 +144,7 @@ class HorovodAllgather(Function):
     @staticmethod
     def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
         ctx.shape, ctx.rows, ctx.args = tensor.shape, _rows(tensor), (name, process_set)
-        return _blocking(allgather_async, tensor, name, process_set)
+        return blocking(allgather_async, tensor, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
@@ -161,7 +161,7 @@ class HorovodGroupedAllgather(Function):
         ctx.shapes = [t.shape for t in tensors]
         ctx.rows = [_rows(t) for t in tensors]
         ctx.args = (name, process_set)
-        return tuple(_blocking(grouped_allgather_async, tensors, name, process_set))
+        return tuple(blocking(grouped_allgather_async, tensors, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor):  # type: ignore[override]
@@ -179,7 +179,7 @@ class HorovodBroadcast(Function):
     @staticmethod
     def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
         ctx.args = (root_rank, name, process_set)
-        return _blocking(broadcast_async, tensor, root_rank, name, process_set)
+        return blocking(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor):  # type: ignore[override]
@@ -194,7 +194,7 @@ class HorovodBroadcast(Function):
 class HorovodAlltoall(Function):
     @staticmethod
     def forward(ctx: Any, tensor, splits, name, process_set):  # type: ignore[override]
-        output, received = _blocking(alltoall_async, tensor, splits, name, process_set)
+        output, received = blocking(alltoall_async, tensor, splits, name, process_set)
         ctx.received, ctx.args = received, (name, process_set)
         ctx.mark_non_differentiable(received)
         return output, received
@@ -211,7 +211,7 @@ class HorovodReducescatter(Function):
     @staticmethod
     def forward(ctx: Any, tensor, name, op, process_set, prescale_factor, postscale_factor):  # type: ignore[override]
         ctx.args = (name, op, process_set)
-        return _blocking(reducescatter_async, tensor, name, op, process_set, prescale_factor,
+        return blocking(reducescatter_async, tensor, name, op, process_set, prescale_factor,
                          postscale_factor)  # fmt: skip
 
     @staticmethod
@@ -228,7 +228,7 @@ class HorovodGroupedReducescatter(Function):
     def forward(ctx: Any, name, op, process_set, prescale_factor, postscale_factor, *tensors):  # type: ignore[override]
         ctx.args = (name, op, process_set)
         pre, post = prescale_factor, postscale_factor
-        return tuple(_blocking(grouped_reducescatter_async, tensors, name, op, process_set, pre,
+        return tuple(blocking(grouped_reducescatter_async, tensors, name, op, process_set, pre,
                                post))  # fmt: skip
 
     @staticmethod
