@@ -117,3 +117,51 @@ def test_a_run_of_ready_allreduces_goes_over_in_one_hand_over() -> None:
         assert out["wrong"] == [], out["wrong"][:10]
         assert int(out["many"]) > 0, out  # type: ignore[call-overload]
         assert int(out["exchanged"]) > 60, out  # type: ignore[call-overload]
+
+
+def _lent_while_the_plan_runs(rank: int, steps: int) -> dict[str, object]:
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    n = 1 << 18  # 1 MiB of float32: in an exchange slot; D is staged by the backend over them
+    wrong = []
+    before = _stats()
+    for step in range(steps):
+        b = np.full(n, rank + 1.0 + step, np.float32)
+        c = np.arange(n, dtype=np.float32) % 91 + rank + step
+        d = np.full(n, 10.0 * (rank + 1) + step)  # float64, 2 MiB: it ends the run of B and C
+        if rank == 0:  # B, C and D wait together behind X, for which rank 1 comes late
+            hx = hvd.allreduce_async(np.ones(4, np.float32), name="x")
+            handles = [hvd.allreduce_async(t, op=hvd.Sum, name=k) for k, t in
+                       (("b", b), ("c", c), ("d", d))]
+            hvd.synchronize(hx)
+        else:  # B alone (rank 0 hands over B and C: C stays in its slot), then D, then C
+            time.sleep(0.05)
+            hvd.allreduce(np.ones(4, np.float32), name="x")
+            handles = []
+            for k, t in (("b", b), ("d", d), ("c", c)):
+                handles.append(hvd.allreduce_async(t, op=hvd.Sum, name=k))
+                if k != "c":
+                    hvd.synchronize(handles[-1])
+        got = dict(zip("bdc" if rank else "bcd", (hvd.synchronize(h) for h in handles)))
+        want = {"b": np.full(n, 3.0 + 2 * step, np.float32),
+                "c": 2 * (np.arange(n, dtype=np.float32) % 91) + 1 + 2 * step,
+                "d": np.full(n, 30.0 + 2 * step)}
+        wrong += [f"{k} step {step}" for k in "bcd" if not np.array_equal(got[k], want[k])]
+    after = _stats()
+    hvd.shutdown()
+    return {"wrong": wrong, "shared": after["exchanged_shared"] - before["exchanged_shared"]}
+
+
+@pytest.mark.timeout(120)
+def test_inputs_left_in_a_slot_survive_a_round_that_runs_other_work() -> None:
+    """Rank 0 hands over B and C; rank 1 takes B only, so C stays in rank 0's slot. The next
+    round runs D, which both hold, through the backend, whose fusion buffer and staging use
+    the same arena. C, handed over again, must still be C."""
+    for out in run_ranks(_lent_while_the_plan_runs, 2, args=(12,), timeout=100):
+        assert out["wrong"] == [], out["wrong"][:10]
+        assert int(out["shared"]) > 12, out  # type: ignore[call-overload]

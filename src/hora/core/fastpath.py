@@ -388,6 +388,7 @@ class DirectRounds:
             self._leave_direct(ms)
             return
         if plan is not None:
+            ms.lent = None  # the backend's fusion buffer and staging share the slots' arena
             ready = ms.ready
             self._touch(ms, [ready.pop(s.request.match) for r in plan for s in r.specs])
             self._run(ms, plan)
