@@ -165,3 +165,52 @@ def test_inputs_left_in_a_slot_survive_a_round_that_runs_other_work() -> None:
     for out in run_ranks(_lent_while_the_plan_runs, 2, args=(12,), timeout=100):
         assert out["wrong"] == [], out["wrong"][:10]
         assert int(out["shared"]) > 12, out  # type: ignore[call-overload]
+
+
+def _slow_reader(rank: int, steps: int) -> dict[str, object]:
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+    from hora.core.executor import Executor
+
+    hvd.init()
+    if rank == 1:  # every third hand-over, rank 1 reads rank 0's slot late
+        finish = Executor.finish_exchange
+        calls = [0]
+
+        def late(self: Executor, *args: object, **kw: object) -> object:
+            calls[0] += 1
+            if calls[0] % 3 == 0:
+                time.sleep(0.004)
+            return finish(self, *args, **kw)
+
+        Executor.finish_exchange = late  # type: ignore[method-assign]
+    x = np.zeros(1 << 18, dtype=np.float32)  # 1 MiB
+    ramp = np.arange(x.size, dtype=np.float32) % 777
+    wrong = []
+    before = _stats()
+    for step in range(steps):
+        x[...] = ramp * (rank + 1) + step
+        hvd.allreduce(x, op=hvd.Sum, output=x, name="x")
+        if not np.array_equal(x, ramp * 3 + 2 * step):
+            wrong.append(step)
+    after = _stats()
+    hvd.shutdown()
+    return {"wrong": wrong, "shared": after["exchanged_shared"] - before["exchanged_shared"],
+            "reused": after["slot_reused"] - before["slot_reused"]}
+
+
+@pytest.mark.timeout(120)
+def test_a_slot_is_refilled_only_once_the_other_member_is_done_reading_it() -> None:
+    """Back to back, a member refills the slot of its last offer (still in the caches) once
+    the other member's word says it has read it; when the other reads late, the member waits
+    briefly and then takes the other slot, and no sum ever reads a refilled slot."""
+    steps = 150
+    out0, out1 = run_ranks(_slow_reader, 2, args=(steps,), timeout=100)
+    for out in (out0, out1):
+        assert out["wrong"] == [], out["wrong"][:10]
+        assert int(out["shared"]) >= steps - 5, out  # type: ignore[call-overload]
+    reused = int(out0["reused"])  # type: ignore[call-overload]
+    assert steps // 3 <= reused < steps - steps // 6, out0  # both ways, many times each

@@ -130,6 +130,12 @@ class NativeBackend:
             return None
         return arena.region(slot * SLOT_BYTES + at, nbytes)
 
+    def exchange_words(self, comm: SetComm) -> list[np.ndarray] | None:
+        """Every member's int64 words in the head of the set's shared arena (each member
+        writes only its own); None if the set has no arena open. Never opens one."""
+        arena = self._arenas.get(comm.process_set_id)
+        return None if arena is None else [arena.words(i) for i in range(comm.size)]
+
     def _arena(self, comm: SetComm) -> Arena | None:
         """The set's shared arena, opened (collectively) the first time it is asked for."""
         ps_id = comm.process_set_id

@@ -318,6 +318,12 @@ class Executor:
         views = get(comm, slot, count * dtype.itemsize, at) if get is not None else None
         return None if views is None else views[member].view(dtype)
 
+    def exchange_words(self, comm: SetComm) -> list[np.ndarray] | None:
+        """Every member's words in the head of the set's shared arena (what members tell one
+        another between messages, hora.core.handover); None without an open arena."""
+        get = getattr(self.backend, "exchange_words", None)
+        return get(comm) if get is not None else None
+
     def exchange_peer(self, comm: SetComm, slot: int, at: int, count: int,
                       dtype: np.dtype) -> np.ndarray:  # fmt: skip
         """The other member's inputs in its exchange slot ``slot``, from byte ``at``."""

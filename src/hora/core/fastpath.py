@@ -56,6 +56,7 @@ from typing import Any
 from hora.backends.base import SetComm
 from hora.core.controller import Coordinator, fuse
 from hora.core.executor import Executor, TensorEntry
+from hora.core.handover import DATA, SHARED, HandOver, Lent, whole_groups
 from hora.core.messages import CACHEABLE, OpType, Response, TensorSpec, table_key
 from hora.core.response_cache import ResponseCache
 from hora.core.stall import round_stall
@@ -64,15 +65,11 @@ from hora.settings import Settings
 from hora.transport.base import Pair
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
-DATA = 2  # the header's flag: the inputs of its first tensors follow the ids (two members)
-SHARED = 4  # the header's flag: the inputs of its first tensors lie in a shared exchange slot
-SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
 STOP = 16  # the header's flag: this member shuts down; the round it answers does not run
 BARRIER = 32  # the header's flag: this member waits in a barrier
 _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, then any data
-# with DATA or SHARED, the data begins: how many tensors' inputs are handed over, and where in
-# the slot they begin (bytes; 0 with DATA, whose inputs follow)
-_OFFER = struct.Struct("<IQ")
+# (DATA, SHARED and SLOT1, the flags of a two-member round that hands over its data, are
+# hora.core.handover's)
 
 Header = tuple[int, list[int], bytes]  # flags, cache ids, data
 
@@ -145,71 +142,13 @@ class DirectMode:
             if spec is None:
                 return None
             specs.append(spec)
-        specs = _whole_groups(specs)
+        specs = whole_groups(specs)
         if not specs:
             return None
         specs.sort(key=_by_priority)
         plan = fuse(specs, self.fusion_threshold)
         self._plans[key] = plan
         return plan
-
-
-class Lent:
-    """Inputs this member put in an exchange slot that the other member has not reduced yet:
-    the tensors' entries in order (the submissions themselves: a name submitted again is
-    another entry), the bytes ``[start, end)`` of slot ``slot`` they fill. The next round
-    hands them over again where they lie (and puts new ones after them), so a tensor is
-    copied into a slot once however many rounds its turn takes."""
-
-    __slots__ = ("slot", "entries", "start", "end", "dtype")
-
-    def __init__(self, slot: int, entries: list[TensorEntry], end: int, dtype: Any) -> None:
-        self.slot, self.entries, self.start, self.end = slot, entries, 0, end
-        self.dtype = dtype
-
-
-# an offer: table keys, specs, this member's inputs (header bytes or a slot view), whether in
-# a slot, which, and from which byte
-Offer = tuple[list[str], list[TensorSpec], Any, bool, int, int]
-
-
-def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
-    """How many of a member's ready tensors, from the first, one hand-over in a two-member
-    round carries: allreduces of one dtype, at most ``limit`` bytes together (the fusion
-    threshold; the first goes in any case, so 0 carries one), cut before a group that is not
-    all there (unless that leaves none)."""
-    n = total = 0
-    first = ""
-    for spec in specs:
-        if spec is None or spec.request.op != OpType.ALLREDUCE:
-            break
-        req = spec.request
-        if n and (req.dtype != first or total + req.nbytes > limit):
-            break
-        first = req.dtype
-        n += 1
-        total += req.nbytes
-    if n > 1:
-        head = [s for s in specs[:n] if s is not None]
-        whole = _whole_groups(head)
-        if len(whole) < n:
-            cut = next(i for i, s in enumerate(head) if i >= len(whole) or whole[i] is not s)
-            n = max(cut, 1)
-    return n
-
-
-def _whole_groups(specs: list[TensorSpec]) -> list[TensorSpec]:
-    """``specs`` less the members of groups that are not all there (they wait)."""
-    counts: dict[str, int] = {}
-    for s in specs:
-        if s.request.group_size > 1:
-            counts[s.request.group] = counts.get(s.request.group, 0) + 1
-    if not counts:
-        return specs
-    return [
-        s for s in specs
-        if s.request.group_size <= 1 or counts[s.request.group] >= s.request.group_size
-    ]
 
 
 def _by_priority(spec: TensorSpec) -> int:
@@ -233,8 +172,12 @@ class MemberState:
         self.ready: dict[str, int] = {}
         self.other = False
         self.barrier = False
-        self.slot = 0  # the shared exchange slot this rank fills next (they take turns)
-        self.lent: Lent | None = None  # inputs in a slot that the other has not taken yet
+        # the hand-over (hora.core.handover): the exchange slot a fresh offer fills unless the
+        # other member is done with the last one; inputs in a slot the other has not taken
+        # yet; how many offers in a slot this member made, and how many it received
+        self.slot = 0
+        self.lent: Lent | None = None
+        self.offered = self.seen = 0
         self.sent: set[str] = set()
         # what a round waits on, made at the first round: the other members' data connections
         # by descriptor, and a poll object over them, the control connections and the wake-up
@@ -255,7 +198,7 @@ class MemberState:
         return None
 
 
-class DirectRounds:
+class DirectRounds(HandOver):
     """The engine's side of direct mode (a mixin of :class:`~hora.core.engine.Engine`, whose
     state it uses as declared here)."""
 
@@ -363,23 +306,17 @@ class DirectRounds:
         self.stats["direct_rounds"] += 1
         ids = list(ms.ready.values())
         flags = OTHER if ms.other else (BARRIER if ms.barrier else 0)
-        offer = None
+        offer, data = None, b""
         if not flags and ms.comm.size == 2 and ids:  # the data may come along
-            offer = self._offer(ms, ids)
-        data = b""
-        if offer is not None and offer[3]:  # in the shared arena
-            flags |= SHARED | (SLOT1 if offer[4] else 0)
-            data = _OFFER.pack(len(offer[1]), offer[5])
-        elif offer is not None:
-            flags |= DATA
-            data = _OFFER.pack(len(offer[1]), 0) + offer[2].tobytes()
+            offer, more, data = self._offer_data(ms, ids)
+            flags |= more
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
         if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
             ms.direct.leave()
             ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
             ms.lent = None
             return
-        if offer is not None and self._take_offers(ms, ids, offer, headers[1 - ms.comm.rank]):
+        if ms.comm.size == 2 and self._handed_over(ms, ids, offer, headers[1 - ms.comm.rank]):
             return
         chosen = ms.direct.decide(headers)
         plan = ms.direct.plan(chosen, ms.cache) if chosen else None
@@ -405,96 +342,6 @@ class DirectRounds:
             ms.cache.touch(cid)
             if mirror is not None:
                 mirror.touch(cid)
-
-    def _offer(self, ms: MemberState, ids: list[int]) -> Offer | None:
-        """The inputs this member hands over with its header in a two-member round: those of
-        the first ready tensors that one hand-over carries (:func:`exchange_run`), where the
-        last round left them in a slot if it did not take them all, else in the other slot
-        (the slots take turns) or, small, in the header."""
-        keys = list(ms.ready)
-        specs = [ms.cache.get(cid) for cid in ids]
-        n = exchange_run(specs, ms.direct.fusion_threshold)
-        lent, ms.lent = ms.lent, None
-        if n == 0:
-            return None
-        keys = keys[:n]
-        run = [s for s in specs[:n] if s is not None]
-        entries = [ms.table[k] for k in keys]
-        ex, comm = self.executor, ms.comm
-        k = 0 if lent is None else len(lent.entries)
-        if lent is not None and k <= n and all(a is b for a, b in zip(entries, lent.entries)):
-            # the same entries lead, so the run's one dtype is the lent inputs' own
-            more = None if k == n else ex.exchange_input(comm, run[k:], entries[k:], lent.slot,
-                                                         lent.end)
-            if k == n or (more is not None and more[1]):
-                if more is not None:
-                    lent.end += more[0].nbytes
-                lent.entries = entries
-                mine = ex.exchange_view(comm, lent.slot, lent.start,
-                                        (lent.end - lent.start) // lent.dtype.itemsize,
-                                        lent.dtype, comm.rank)
-                ms.lent = lent
-                return keys, run, mine, True, lent.slot, lent.start
-        got = ex.exchange_input(comm, run, entries, ms.slot)
-        if got is None:
-            return None
-        slot = ms.slot
-        if got[1]:
-            ms.lent = Lent(slot, entries, got[0].nbytes, got[0].dtype)
-            ms.slot ^= 1
-        return keys, run, got[0], got[1], slot, 0
-
-    def _take_offers(self, ms: MemberState, ids: list[int], offer: Offer,
-                     theirs: Header) -> bool:  # fmt: skip
-        """Finish the tensors at the head of both members' lists whose inputs both handed
-        over (the round then runs nothing else); False if there are none. Every member finds
-        the same ones, from the two headers."""
-        keys, specs, mine, shared, _, _ = offer
-        flags, their_ids, data = theirs
-        if not flags & (DATA | SHARED) or len(data) < _OFFER.size:
-            return False
-        count, at = _OFFER.unpack_from(data)
-        most = min(len(specs), count)
-        n = 0
-        while n < most and their_ids[n] == ids[n]:
-            n += 1
-        if n == 0:
-            return False
-        keys, specs = keys[:n], specs[:n]
-        nbytes = sum(s.request.nbytes for s in specs)
-        incoming: Any = data[_OFFER.size :]
-        if flags & SHARED:
-            incoming = self.executor.exchange_peer(ms.comm, 1 if flags & SLOT1 else 0, at,
-                                                   nbytes // mine.itemsize, mine.dtype)
-        entries = [ms.table[k] for k in keys]
-        for k in keys:
-            del ms.ready[k]
-        self._touch(ms, ids[:n])
-        self.stats["responses"] += 1
-        self.stats["exchanged_shared" if shared else "exchanged"] += 1
-        if n > 1:
-            self.stats["fused"] += n
-            self.stats["exchanged_many"] += 1
-        tl = self.timeline
-        if tl is not None:
-            for s in specs:
-                tl.negotiate_end(s.request.name)
-                tl.start(s.request.name, "ALLREDUCE")
-        results = self.executor.finish_exchange(specs, entries, mine, incoming, shared)
-        lent = ms.lent
-        if lent is not None:  # what the other took from the slot is done with
-            lent.entries = lent.entries[n:]
-            lent.start += nbytes
-            if not lent.entries:
-                ms.lent = None
-        for k, e, r in zip(keys, entries, results):
-            del ms.table[k]
-            e.complete(r)
-        if tl is not None:
-            fused = sum(s.request.nbytes for s in specs) if n > 1 else 0
-            for s in specs:
-                tl.end(s.request.name, s.request.dtype, s.request.shape, fused)
-        return True
 
     def _withdraw(self, ms: MemberState) -> None:
         """This rank shuts down outside a round: it answers the next round with ``STOP``

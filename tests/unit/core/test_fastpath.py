@@ -11,13 +11,12 @@ import pytest
 from hora.core.controller import Coordinator, decode_responses
 from hora.core.fastpath import (
     BARRIER,
-    DATA,
     OTHER,
     DirectMode,
     decode_header,
     encode_header,
-    exchange_run,
 )
+from hora.core.handover import DATA, exchange_run
 from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
 

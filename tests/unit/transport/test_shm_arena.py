@@ -63,7 +63,15 @@ def _share(rank: int, refuse: int) -> dict[str, Any]:
     views[(rank + 1) % comm.size][rank] = -1  # a write into the next member's part
     signal(comm)
     out["written"] = int(mine[(rank - 1) % comm.size])
-    del views, mine
+    words = arena.words(rank)
+    out["words at first"] = words.tolist()
+    words[:] = rank + 100  # each member's own words, apart from what callers lay out
+    signal(comm)
+    out["words"] = [arena.words(r).tolist() for r in range(comm.size)]
+    expected = rank * 1000 + np.arange(1000)
+    expected[(rank - 1) % comm.size] = -1
+    out["laid out intact"] = bool(np.array_equal(mine, expected))
+    del views, mine, words
     arena.close()
     out["fds after close"] = _arena_fds()
     out["dev shm"] = sorted(n for n in os.listdir("/dev/shm") if "hora" in n.lower())
@@ -103,6 +111,9 @@ def test_every_member_maps_every_part_and_a_refusal_stops_all() -> None:
         assert out["seen"] == [True, True, True], rank
         assert out["not a view"], rank
         assert out["written"] == -1, rank  # the previous member wrote into this part
+        assert out["words at first"] == [0] * 8, rank
+        assert out["words"] == [[r + 100] * 8 for r in range(3)], rank
+        assert out["laid out intact"], rank
         assert out["fds after close"] == [] and out["dev shm"] == [], rank
         assert out["refused"], f"rank {rank} used an arena another member could not map"
         assert out["fds after refusal"] == [], rank

@@ -16,6 +16,10 @@ member decides alike. A memfd has no name: nothing is left behind on
 any exit path, a SIGKILL included, and the kernel frees it when the last process unmaps it.
 The size never changes once shared, so a mapping can never fault past its end.
 
+A part begins with a page of its own (:data:`HEAD`): the token, then a few words that members
+set for one another with plain stores (:meth:`Arena.words`); what callers lay out (the fusion
+buffer, exchange slots) begins after it, still page-aligned.
+
 :func:`open_arena` is collective (every member calls it at the same point of the set's order,
 as the collectives do); an :class:`Arena` is then used by the engine thread only.
 """
@@ -36,6 +40,9 @@ from hora.transport.base import Pair
 log = logging.getLogger(__name__)
 
 _HELLO = struct.Struct("<qqq16s")  # pid, descriptor number, bytes, the token at its start
+HEAD = 4096  # each part's own page before what callers lay out: the token, then the words
+_WORDS = 64  # the words' byte offset in the head (a cache line of their own)
+WORDS = 8  # int64 words per part (Arena.words)
 _OK, _NO = b"\x01", b"\x00"
 
 
@@ -46,8 +53,10 @@ class Arena:
         self._fd = fd  # kept open: the others open the memory through it
         self._maps = maps
         self.rank = rank
-        self.nbytes = min(len(m) for m in maps)
-        self._bytes = [np.frombuffer(m, dtype=np.uint8) for m in maps]
+        self.nbytes = min(len(m) for m in maps) - HEAD
+        whole = [np.frombuffer(m, dtype=np.uint8) for m in maps]
+        self._words = [w[_WORDS : _WORDS + 8 * WORDS].view(np.int64) for w in whole]
+        self._bytes = [w[HEAD:] for w in whole]
         self._base = int(self._bytes[rank].ctypes.data)
 
     def mine(self, count: int, dtype: np.dtype) -> np.ndarray:
@@ -59,6 +68,12 @@ class Arena:
         parts = [b[offset : offset + nbytes] for b in self._bytes]
         return parts if dtype is None else [p.view(dtype) for p in parts]
 
+    def words(self, member: int) -> np.ndarray:
+        """``member``'s :data:`WORDS` int64 words, zero at first: what it tells the others
+        between messages (each member writes only its own). A plain store, so only for what
+        may be read late: a reader that does not see a word yet must be right to wait."""
+        return self._words[member]
+
     def views(self, like: np.ndarray) -> list[np.ndarray] | None:
         """Every member's part laid out as ``like``, a view at the start of this rank's part
         (what :meth:`mine` gave); None if ``like`` is not one."""
@@ -68,7 +83,7 @@ class Arena:
 
     def close(self) -> None:
         """Unmap everything (views into the arena must be gone) and let the memory go."""
-        maps, self._maps, self._bytes = self._maps, [], []
+        maps, self._maps, self._bytes, self._words = self._maps, [], [], []
         for m in maps:
             with contextlib.suppress(BufferError):  # a view still held: unmapped with it
                 m.close()
@@ -77,17 +92,18 @@ class Arena:
 
 
 def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int) -> Arena | None:
-    """Create this rank's part of ``nbytes`` and map the others' (``pairs[i]``: the pair to
-    member ``i``, None for this rank). Collective over the members; None on every member
-    when any of them could not map all the parts (the reason is logged at debug level)."""
+    """Create this rank's part of ``nbytes`` (after its head) and map the others'
+    (``pairs[i]``: the pair to member ``i``, None for this rank). Collective over the
+    members; None on every member when any of them could not map all the parts (the reason
+    is logged at debug level)."""
     fd = os.memfd_create("hora-arena", os.MFD_CLOEXEC)
     found: dict[int, mmap.mmap] = {}
     try:
-        os.ftruncate(fd, nbytes)
-        found[rank] = mmap.mmap(fd, nbytes)
+        os.ftruncate(fd, HEAD + nbytes)
+        found[rank] = mmap.mmap(fd, HEAD + nbytes)
         token = os.urandom(16)  # proves a mapping is this part, whatever the pid namespaces
         found[rank][: len(token)] = token
-        hello = _HELLO.pack(os.getpid(), fd, nbytes, token)
+        hello = _HELLO.pack(os.getpid(), fd, HEAD + nbytes, token)
         others = [i for i, p in enumerate(pairs) if p is not None]
         for i in others:
             _pair(pairs, i).send_msg(hello)

@@ -1,0 +1,266 @@
+"""Two-member rounds that carry their allreduces' data (part of direct mode,
+:mod:`hora.core.fastpath`).
+
+In a set of two members on one host, a round's header may hand over the inputs of the
+allreduces at the head of the member's list (:func:`exchange_run`: one dtype, within the
+fusion threshold, whole groups): small, inside the header (``DATA``); larger, in one of two
+*exchange slots* of the member's part of the set's shared arena (``SHARED``, ``SLOT1``),
+which the other member reads in place. The tensors at the head of both lists are then done in
+that one exchange of headers: each member reduces the other's inputs straight into its own
+results, the same bits on both (the element-wise ops commute), with no fusion buffer and no
+backend call. Inputs the other did not take (it had fewer ready) stay where they lie
+(:class:`Lent`) and the next round hands them over again from there.
+
+A slot is refilled only when the other member cannot be reading it:
+
+* the slot of this member's last offer, once the other member's word in its arena head says
+  it is done with every offer this member made (it sets the word after the reads of each
+  round; :meth:`HandOver._done_reading`). That memory was just written and read, so it is
+  still in the caches: a 4 MiB allreduce back to back took 0.25 ms with one slot against 0.5
+  ms with the slots taking turns (np=2, the copy and the reduction alone);
+* otherwise the other slot: the other member read it in an earlier round and has since sent
+  this round's header, which it sends only after its reads. This is always safe, so a member
+  that waits for the word waits only briefly (about as long as the other's reduction of the
+  data takes) before it takes the other slot instead.
+
+The word is a plain store, which x86 keeps behind the loads before it; on other architectures
+the slots just take turns. A round that runs work through the backend drops what was lent:
+the backend's fusion buffer and staging share the slots' part of the arena.
+"""
+
+from __future__ import annotations
+
+import platform
+import struct
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hora.core.executor import Executor, TensorEntry
+from hora.core.messages import OpType, TensorSpec
+
+if TYPE_CHECKING:
+    from hora.core.fastpath import Header, MemberState
+
+DATA = 2  # the header's flag: the inputs of its first tensors follow the ids
+SHARED = 4  # the header's flag: the inputs of its first tensors lie in a shared exchange slot
+SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
+# with DATA or SHARED, the header's data begins: how many tensors' inputs are handed over, and
+# where in the slot they begin (bytes; 0 with DATA, whose inputs follow)
+_OFFER = struct.Struct("<IQ")
+
+# the other member's word may say "done" while its loads are still under way only where stores
+# may pass earlier loads; x86 never lets them
+_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+# offers from this size wait for the word (smaller ones stay in the caches either way), at most
+# as long as the other member's reduction of them takes at this rate, and never longer than
+# _WAIT_MAX seconds
+_WAIT_MIN_BYTES = 256 << 10
+_WAIT_BYTES_PER_S = 8e9
+_WAIT_MAX = 0.002
+
+
+class Lent:
+    """Inputs this member put in an exchange slot that the other member has not reduced yet:
+    the tensors' entries in order (the submissions themselves: a name submitted again is
+    another entry), the bytes ``[start, end)`` of slot ``slot`` they fill. The next round
+    hands them over again where they lie (and puts new ones after them), so a tensor is
+    copied into a slot once however many rounds its turn takes."""
+
+    __slots__ = ("slot", "entries", "start", "end", "dtype")
+
+    def __init__(self, slot: int, entries: list[TensorEntry], end: int, dtype: Any) -> None:
+        self.slot, self.entries, self.start, self.end = slot, entries, 0, end
+        self.dtype = dtype
+
+
+# an offer: table keys, specs, this member's inputs (header bytes or a slot view), whether in
+# a slot, which, and from which byte
+Offer = tuple[list[str], list[TensorSpec], Any, bool, int, int]
+
+
+def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
+    """How many of a member's ready tensors, from the first, one hand-over in a two-member
+    round carries: allreduces of one dtype, at most ``limit`` bytes together (the fusion
+    threshold; the first goes in any case, so 0 carries one), cut before a group that is not
+    all there (unless that leaves none)."""
+    n = total = 0
+    first = ""
+    for spec in specs:
+        if spec is None or spec.request.op != OpType.ALLREDUCE:
+            break
+        req = spec.request
+        if n and (req.dtype != first or total + req.nbytes > limit):
+            break
+        first = req.dtype
+        n += 1
+        total += req.nbytes
+    if n > 1:
+        head = [s for s in specs[:n] if s is not None]
+        whole = whole_groups(head)
+        if len(whole) < n:
+            cut = next(i for i, s in enumerate(head) if i >= len(whole) or whole[i] is not s)
+            n = max(cut, 1)
+    return n
+
+
+def whole_groups(specs: list[TensorSpec]) -> list[TensorSpec]:
+    """``specs`` less the members of groups that are not all there (they wait)."""
+    counts: dict[str, int] = {}
+    for s in specs:
+        if s.request.group_size > 1:
+            counts[s.request.group] = counts.get(s.request.group, 0) + 1
+    if not counts:
+        return specs
+    return [
+        s for s in specs
+        if s.request.group_size <= 1 or counts[s.request.group] >= s.request.group_size
+    ]
+
+
+class HandOver:
+    """The engine's side of the hand-over (a mixin of
+    :class:`~hora.core.fastpath.DirectRounds`, whose state it uses as declared here)."""
+
+    executor: Executor
+    stats: dict[str, int]
+    timeline: Any
+
+    def _touch(self, ms: MemberState, ids: list[int]) -> None: ...  # provided by DirectRounds
+
+    def _offer_data(self, ms: MemberState, ids: list[int]) -> tuple[Offer | None, int, bytes]:
+        """What this member's header hands over in a two-member round: the offer (None:
+        nothing), the header's flags for it and the data that follows the ids."""
+        offer = self._offer(ms, ids)
+        if offer is None:
+            return None, 0, b""
+        if offer[3]:  # in the shared arena
+            ms.offered += 1
+            return offer, SHARED | (SLOT1 if offer[4] else 0), _OFFER.pack(len(offer[1]),
+                                                                          offer[5])
+        return offer, DATA, _OFFER.pack(len(offer[1]), 0) + offer[2].tobytes()
+
+    def _handed_over(self, ms: MemberState, ids: list[int], offer: Offer | None,
+                     theirs: Header) -> bool:  # fmt: skip
+        """The two headers are in: finish what both handed over (True: the round then runs
+        nothing else), and tell the other member this one is done with its slot."""
+        taken = offer is not None and self._take_offers(ms, ids, offer, theirs)
+        if theirs[0] & SHARED:
+            self._done_reading(ms)
+        return taken
+
+    def _done_reading(self, ms: MemberState) -> None:
+        """Every offer the other member made so far is read (or not taken, and so not read
+        this round): its word says so, and the last slot it filled may be refilled."""
+        ms.seen += 1
+        words = self.executor.exchange_words(ms.comm)
+        if words is not None:
+            words[ms.comm.rank][0] = ms.seen
+
+    def _free_slot(self, ms: MemberState, nbytes: int) -> int:
+        """The slot a fresh offer of ``nbytes`` fills: the last one's, if the other member is
+        done with it (waiting briefly for that from :data:`_WAIT_MIN_BYTES`), else the
+        other."""
+        last = ms.slot ^ 1
+        words = self.executor.exchange_words(ms.comm) if _ORDERED and ms.offered else None
+        if words is None:
+            return ms.slot
+        theirs = words[1 - ms.comm.rank]
+        if theirs[0] < ms.offered and nbytes >= _WAIT_MIN_BYTES:
+            deadline = time.perf_counter() + min(nbytes / _WAIT_BYTES_PER_S, _WAIT_MAX)
+            while theirs[0] < ms.offered and time.perf_counter() < deadline:
+                pass
+        if theirs[0] < ms.offered:
+            return ms.slot
+        self.stats["slot_reused"] += 1
+        return last
+
+    def _offer(self, ms: MemberState, ids: list[int]) -> Offer | None:
+        """The inputs this member hands over with its header in a two-member round: those of
+        the first ready tensors that one hand-over carries (:func:`exchange_run`), where the
+        last round left them in a slot if it did not take them all, else in a free slot
+        (:meth:`_free_slot`) or, small, in the header."""
+        keys = list(ms.ready)
+        specs = [ms.cache.get(cid) for cid in ids]
+        n = exchange_run(specs, ms.direct.fusion_threshold)
+        lent, ms.lent = ms.lent, None
+        if n == 0:
+            return None
+        keys = keys[:n]
+        run = [s for s in specs[:n] if s is not None]
+        entries = [ms.table[k] for k in keys]
+        ex, comm = self.executor, ms.comm
+        k = 0 if lent is None else len(lent.entries)
+        if lent is not None and k <= n and all(a is b for a, b in zip(entries, lent.entries)):
+            # the same entries lead, so the run's one dtype is the lent inputs' own
+            more = None if k == n else ex.exchange_input(comm, run[k:], entries[k:], lent.slot,
+                                                         lent.end)
+            if k == n or (more is not None and more[1]):
+                if more is not None:
+                    lent.end += more[0].nbytes
+                lent.entries = entries
+                mine = ex.exchange_view(comm, lent.slot, lent.start,
+                                        (lent.end - lent.start) // lent.dtype.itemsize,
+                                        lent.dtype, comm.rank)
+                ms.lent = lent
+                return keys, run, mine, True, lent.slot, lent.start
+        slot = self._free_slot(ms, sum(s.request.nbytes for s in run))
+        got = ex.exchange_input(comm, run, entries, slot)
+        if got is None:
+            return None
+        if got[1]:
+            ms.lent = Lent(slot, entries, got[0].nbytes, got[0].dtype)
+            ms.slot = slot ^ 1
+        return keys, run, got[0], got[1], slot, 0
+
+    def _take_offers(self, ms: MemberState, ids: list[int], offer: Offer,
+                     theirs: Header) -> bool:  # fmt: skip
+        """Finish the tensors at the head of both members' lists whose inputs both handed
+        over (the round then runs nothing else); False if there are none. Every member finds
+        the same ones, from the two headers."""
+        keys, specs, mine, shared, _, _ = offer
+        flags, their_ids, data = theirs
+        if not flags & (DATA | SHARED) or len(data) < _OFFER.size:
+            return False
+        count, at = _OFFER.unpack_from(data)
+        most = min(len(specs), count)
+        n = 0
+        while n < most and their_ids[n] == ids[n]:
+            n += 1
+        if n == 0:
+            return False
+        keys, specs = keys[:n], specs[:n]
+        nbytes = sum(s.request.nbytes for s in specs)
+        incoming: Any = data[_OFFER.size :]
+        if flags & SHARED:
+            incoming = self.executor.exchange_peer(ms.comm, 1 if flags & SLOT1 else 0, at,
+                                                   nbytes // mine.itemsize, mine.dtype)
+        entries = [ms.table[k] for k in keys]
+        for k in keys:
+            del ms.ready[k]
+        self._touch(ms, ids[:n])
+        self.stats["responses"] += 1
+        self.stats["exchanged_shared" if shared else "exchanged"] += 1
+        if n > 1:
+            self.stats["fused"] += n
+            self.stats["exchanged_many"] += 1
+        tl = self.timeline
+        if tl is not None:
+            for s in specs:
+                tl.negotiate_end(s.request.name)
+                tl.start(s.request.name, "ALLREDUCE")
+        results = self.executor.finish_exchange(specs, entries, mine, incoming, shared)
+        lent = ms.lent
+        if lent is not None:  # what the other took from the slot is done with
+            lent.entries = lent.entries[n:]
+            lent.start += nbytes
+            if not lent.entries:
+                ms.lent = None
+        for k, e, r in zip(keys, entries, results):
+            del ms.table[k]
+            e.complete(r)
+        if tl is not None:
+            fused = sum(s.request.nbytes for s in specs) if n > 1 else 0
+            for s in specs:
+                tl.end(s.request.name, s.request.dtype, s.request.shape, fused)
+        return True
