@@ -245,6 +245,7 @@ class DirectRounds(HandOver):
             self._hold(ms, entries)
             keys = [e.spec_request.match for e in entries]
             table = ms.table
+            self._caller_turn = True
             try:
                 while ms.direct.active and any(k in table for k in keys):
                     if self._closing or self._stop_requested:
@@ -252,6 +253,8 @@ class DirectRounds(HandOver):
                     self._round(ms)
             except BaseException as e:  # the engine thread fails everything, as its own
                 self._inline_error = e
+            finally:
+                self._caller_turn = False
         finally:
             self._turn.release()
         if ms.table or self._inline_error is not None or self._stop_requested or self._closing:

@@ -17,11 +17,13 @@ A slot is refilled only when the other member cannot be reading it:
   it is done with every offer this member made (it sets the word after the reads of each
   round; :meth:`HandOver._done_reading`). That memory was just written and read, so it is
   still in the caches: a 4 MiB allreduce back to back took 0.25 ms with one slot against 0.5
-  ms with the slots taking turns (np=2, the copy and the reduction alone);
+  ms with the slots taking turns (np=2, the copy and the reduction alone). A caller that runs
+  its own round waits briefly for the word; the engine thread does not (its time would come
+  out of the training's);
 * otherwise the other slot: the other member read it in an earlier round and has since sent
   this round's header, which it sends only after its reads. This is always safe, so a member
-  that waits for the word waits only briefly (about as long as the other's reduction of the
-  data takes) before it takes the other slot instead.
+  that waits for the word waits only about as long as the other's reduction of the data
+  takes before it takes the other slot instead.
 
 The word is a plain store, which x86 keeps behind the loads before it; on other architectures
 the slots just take turns. A round that runs work through the backend drops what was lent:
@@ -125,6 +127,9 @@ class HandOver:
     executor: Executor
     stats: dict[str, int]
     timeline: Any
+    # a caller that waits for its op runs the round (DirectRounds._run_inline): its thread
+    # has nothing else to do, where the engine thread's time is taken from the training's
+    _caller_turn = False
 
     def _touch(self, ms: MemberState, ids: list[int]) -> None: ...  # provided by DirectRounds
 
@@ -159,14 +164,14 @@ class HandOver:
 
     def _free_slot(self, ms: MemberState, nbytes: int) -> int:
         """The slot a fresh offer of ``nbytes`` fills: the last one's, if the other member is
-        done with it (waiting briefly for that from :data:`_WAIT_MIN_BYTES`), else the
-        other."""
+        done with it (a caller that waits for its op anyway waits briefly for that, from
+        :data:`_WAIT_MIN_BYTES`), else the other."""
         last = ms.slot ^ 1
         words = self.executor.exchange_words(ms.comm) if _ORDERED and ms.offered else None
         if words is None:
             return ms.slot
         theirs = words[1 - ms.comm.rank]
-        if theirs[0] < ms.offered and nbytes >= _WAIT_MIN_BYTES:
+        if theirs[0] < ms.offered and nbytes >= _WAIT_MIN_BYTES and self._caller_turn:
             deadline = time.perf_counter() + min(nbytes / _WAIT_BYTES_PER_S, _WAIT_MAX)
             while theirs[0] < ms.offered and time.perf_counter() < deadline:
                 pass
