@@ -217,6 +217,7 @@ class DirectRounds(HandOver):
     _wake_r: Any
     _turn: threading.Lock
     _inline_runs: int
+    spin_s: float  # how long a caller running its own round polls before it sleeps (0: never)
     _inline_error: BaseException | None
     _forgotten: list[int]
     executor: Executor
@@ -395,9 +396,17 @@ class DirectRounds(HandOver):
         since = time.monotonic()
         warned: float | None = None
         wake, ctrl = self._wake_r.fileno(), ms.ctrl
+        # a caller that runs its own round, with a core of its own, polls without sleeping at
+        # first: a header that comes soon is then read at once, without a wake-up's latency
+        spin = time.perf_counter() + self.spin_s if self._caller_turn and self.spin_s else 0.0
         try:
             while waiting:
-                for fd, _ in poller.poll(500.0):
+                events = poller.poll(0 if spin else 500.0)
+                if spin and not events:
+                    if time.perf_counter() > spin:
+                        spin = 0.0
+                    continue
+                for fd, _ in events:
                     if fd in waiting:
                         p, pair = waiting.pop(fd)
                         poller.unregister(fd)  # its next round's header may come first

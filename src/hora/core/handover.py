@@ -175,10 +175,7 @@ class HandOver:
             deadline = time.perf_counter() + min(nbytes / _WAIT_BYTES_PER_S, _WAIT_MAX)
             while theirs[0] < ms.offered and time.perf_counter() < deadline:
                 pass
-        if theirs[0] < ms.offered:
-            return ms.slot
-        self.stats["slot_reused"] += 1
-        return last
+        return ms.slot if theirs[0] < ms.offered else last
 
     def _offer(self, ms: MemberState, ids: list[int]) -> Offer | None:
         """The inputs this member hands over with its header in a two-member round: those of
@@ -215,6 +212,8 @@ class HandOver:
             return None
         if got[1]:
             ms.lent = Lent(slot, entries, got[0].nbytes, got[0].dtype)
+            if slot != ms.slot:
+                self.stats["slot_reused"] += 1
             ms.slot = slot ^ 1
         return keys, run, got[0], got[1], slot, 0
 

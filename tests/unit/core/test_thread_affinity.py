@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harness import run_ranks
-from hora.core.runtime import engine_core
+from hora.core.runtime import ROUND_SPIN_S, engine_core
 from hora.identity import Identity
 
 
@@ -124,3 +124,38 @@ def test_a_process_bound_by_its_launcher_keeps_the_cores_it_was_given(
     assert rt._share_threads(ident, None) == 4
     assert rt._share_threads(ident, list(range(64))) == 4  # unbound: 64 cores / 16 ranks
     assert asked == [4, 4]
+
+
+def test_a_caller_polls_for_round_headers_only_where_each_local_rank_has_a_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Polling without sleeping takes a core; where the ranks share cores it would take one
+    from the rank being waited for."""
+    from hora.core import runtime as rt
+
+    assert rt._core_each(_ident(0, 2), [0, 1])
+    assert not rt._core_each(_ident(0, 4), [0, 1])
+    # bound by a launcher: only the cores it was bound to count
+    monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {3})
+    assert not rt._core_each(_ident(0, 2), None)
+    monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {2, 3})
+    assert rt._core_each(_ident(1, 2), None)
+
+
+def _spin_setting(rank: int) -> float:
+    import hora as hvd
+    from hora.core import runtime
+
+    hvd.init()
+    try:
+        return runtime.runtime().engine.spin_s
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_two_ranks_with_a_core_each_poll_briefly_and_four_do_not() -> None:
+    cores = len(os.sched_getaffinity(0))
+    for n in (2, 4):
+        want = ROUND_SPIN_S if cores >= n else 0.0
+        assert run_ranks(_spin_setting, n, timeout=50) == [want] * n, (n, cores)
