@@ -415,7 +415,7 @@ def test_a_pulled_piece_lands_at_its_sources_offset_in_a_page() -> None:
     from hora.transport.shm.fold import beside as _beside
     from hora.transport.shm.pair import EAGER_LIMIT, REDUCE_CHUNK
 
-    scratch = np.empty(EAGER_LIMIT, np.uint8)
+    scratch = np.empty(max(REDUCE_CHUNK + 4096, EAGER_LIMIT), np.uint8)  # as recv_reduce has
     base = scratch.ctypes.data
     for addr in (base, base + 16, base + 4095 * 4, 0x7F0000000000, 0x7F0000000010 + 3):
         for per in (1, 2, 4, 8):
