@@ -103,6 +103,11 @@ class Engine(DirectRounds):
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._wake_pending = False  # a wake-up byte was sent and the queue not drained since
+        # the loop is in (or about to enter) its idle poll: only then does an enqueue wake it.
+        # Busy, it takes the queue before it sleeps again; a wake-up byte sent meanwhile would
+        # cost the caller a system call and, after it, a wait for the interpreter lock that
+        # the busy engine thread holds (a 50-tensor burst sent 13 of them)
+        self._idle = False
         self._ctrl: dict[int, Pair] = {}
         self._stop_requested = False
         self._closing = False  # rank 0: shutdown broadcast sent; others: shutdown received
@@ -172,7 +177,8 @@ class Engine(DirectRounds):
             accepted = not self._stopped.is_set() and not self._stop_requested
             if accepted:
                 self._queue.append((ps_id, entries))
-                wake, self._wake_pending = not self._wake_pending, True
+                wake = self._idle and not self._wake_pending
+                self._wake_pending = self._wake_pending or wake
         if accepted:
             if wake:  # outside the lock: the woken engine thread takes it at once
                 self._wake()
@@ -298,15 +304,17 @@ class Engine(DirectRounds):
             poller.register(pair.fileno(), select.POLLIN)
         while True:
             busy = self._closing or any(ms.table for ms in self.members.values())
-            if self._queue or (
-                busy and any(ms.table and ms.direct.active for ms in self.members.values())
-            ):
-                # work queued while a round ran, or a member in direct mode with work left
-                timeout = 0.0
-            else:
-                timeout = max(self._cycle_s * 1e3, 0.0) if busy else 250.0
+            rounds = busy and any(ms.table and ms.direct.active for ms in self.members.values())
+            with self._lock:  # an enqueue after this sees _idle and wakes the poll below
+                if self._queue or rounds:
+                    # work queued while a round ran, or a member in direct mode with work left
+                    timeout = 0.0
+                else:
+                    timeout = max(self._cycle_s * 1e3, 0.0) if busy else 250.0
+                    self._idle = True
             runs = self._inline_runs
             events = poller.poll(timeout)
+            self._idle = False
             with self._turn:
                 self._cycle(poller, peers, wake, events, runs)
 
