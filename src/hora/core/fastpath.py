@@ -22,7 +22,8 @@ mode*. From then on a member with work does *rounds* instead of sending requests
 
 A member with work left is always in a round, and a member that has none takes part in the
 next one as soon as it has some, so every member takes part in every round, in order, and the
-headers travel on the set's data connections between two collectives, never inside one.
+headers travel on the set's data connections between two collectives, never inside one. In a
+set of two members the headers may carry the allreduces' data too (:mod:`hora.core.handover`).
 
 Shutdown: a round whose headers were all sent is agreed, and runs on every member, even when
 rank 0 shut down meanwhile (its shutdown message may reach a member before a peer's header
