@@ -46,15 +46,14 @@ MAPPED_MAX_BYTES = 8 << 20
 # Direct mode's two exchange slots (exchange_slot): a two-member allreduce (or a run of them)
 # up to this size is handed over through them, one exchange of headers (hora.core.handover);
 # a larger one runs here, fused, with single-copy reads. Back to back, np=2, the two ways
-# alternating in one process: the slots took 0.58-0.76 of the time at 1-4 MiB and 0.84-1.02
-# at 8 MiB; from 12 to 16 MiB the two were level (0.87-1.08, the machine deciding), and from
-# 24 MiB the slots were 1.2-1.4x slower, copying the input in costing more than the one
-# synchronisation saves. In training the one exchange counts for more (the engine thread
-# shares the cores with the training threads, and every extra synchronisation may wait for a
-# descheduled peer): the MLP of examples/pytorch_synthetic_benchmark.py, whose gradients
-# come to 12.3 MiB, ran at 7,167-7,591 img/s when one hand-over took them all against
-# 6,207-6,789 with 8 MiB slots (docs/benchmarks.md). So the slots take up to 14 MiB, and a
-# 16 MiB allreduce runs here.
+# alternating in one process: the slots took 0.58-0.76 of the time at 1-4 MiB, 0.84-1.02 at
+# 8 MiB, 0.87-1.04 at 12-13 MiB, 0.96-1.33 at 16 MiB (three runs) and 1.2-1.4 from 24 MiB,
+# copying the input in costing more than the one synchronisation saves. In training the one
+# exchange counts for more (the engine thread shares the cores with the training threads,
+# and every extra synchronisation may wait for a descheduled peer): the MLP of
+# examples/pytorch_synthetic_benchmark.py, whose gradients come to 12.3 MiB, ran at
+# 7,167-7,591 img/s when one hand-over took them all against 6,207-6,789 with 8 MiB slots
+# (docs/benchmarks.md). So the slots take up to 14 MiB, and a 16 MiB allreduce runs here.
 SLOT_BYTES = 14 << 20
 
 
