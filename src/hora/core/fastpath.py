@@ -57,7 +57,7 @@ from typing import Any
 from hora.backends.base import SetComm
 from hora.core.controller import Coordinator, fuse
 from hora.core.executor import Executor, TensorEntry
-from hora.core.handover import DATA, SHARED, HandOver, Lent, whole_groups
+from hora.core.handover import DATA, SHARED, HandOver, Header, Lent, Member, whole_groups
 from hora.core.messages import CACHEABLE, OpType, Response, TensorSpec, table_key
 from hora.core.response_cache import ResponseCache
 from hora.core.stall import round_stall
@@ -72,7 +72,6 @@ _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, th
 # (DATA, SHARED and SLOT1, the flags of a two-member round that hands over its data, are
 # hora.core.handover's)
 
-Header = tuple[int, list[int], bytes]  # flags, cache ids, data
 
 
 def encode_header(ids: Sequence[int], flags: int = 0, data: bytes = b"") -> bytes:
@@ -338,7 +337,7 @@ class DirectRounds(HandOver):
             ms.barrier = False
             self._run(ms, [Response(OpType.BARRIER)])
 
-    def _touch(self, ms: MemberState, ids: list[int]) -> None:
+    def _touch(self, ms: Member, ids: list[int]) -> None:
         """What decoding these ids in a response list does to the caches (LRU order)."""
         mirror = None
         if self.coordinator is not None:

@@ -36,13 +36,14 @@ import platform
 import struct
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from hora.backends.base import SetComm
 from hora.core.executor import Executor, TensorEntry
 from hora.core.messages import OpType, TensorSpec
+from hora.core.response_cache import ResponseCache
 
-if TYPE_CHECKING:
-    from hora.core.fastpath import Header, MemberState
+Header = tuple[int, list[int], bytes]  # a round's header, decoded: flags, cache ids, data
 
 DATA = 2  # the header's flag: the inputs of its first tensors follow the ids
 SHARED = 4  # the header's flag: the inputs of its first tensors lie in a shared exchange slot
@@ -120,6 +121,27 @@ def whole_groups(specs: list[TensorSpec]) -> list[TensorSpec]:
     ]
 
 
+class _Limits(Protocol):
+    @property
+    def fusion_threshold(self) -> int: ...
+
+
+class Member(Protocol):
+    """What the hand-over uses of a member's state (:class:`hora.core.fastpath.MemberState`)."""
+
+    comm: SetComm
+    cache: ResponseCache
+    table: dict[str, TensorEntry]
+    ready: dict[str, int]
+    slot: int
+    lent: Lent | None
+    offered: int
+    seen: int
+
+    @property
+    def direct(self) -> _Limits: ...
+
+
 class HandOver:
     """The engine's side of the hand-over (a mixin of
     :class:`~hora.core.fastpath.DirectRounds`, whose state it uses as declared here)."""
@@ -131,9 +153,9 @@ class HandOver:
     # has nothing else to do, where the engine thread's time is taken from the training's
     _caller_turn = False
 
-    def _touch(self, ms: MemberState, ids: list[int]) -> None: ...  # provided by DirectRounds
+    def _touch(self, ms: Member, ids: list[int]) -> None: ...  # provided by DirectRounds
 
-    def _offer_data(self, ms: MemberState, ids: list[int]) -> tuple[Offer | None, int, bytes]:
+    def _offer_data(self, ms: Member, ids: list[int]) -> tuple[Offer | None, int, bytes]:
         """What this member's header hands over in a two-member round: the offer (None:
         nothing), the header's flags for it and the data that follows the ids."""
         offer = self._offer(ms, ids)
@@ -145,7 +167,7 @@ class HandOver:
                                                                           offer[5])
         return offer, DATA, _OFFER.pack(len(offer[1]), 0) + offer[2].tobytes()
 
-    def _handed_over(self, ms: MemberState, ids: list[int], offer: Offer | None,
+    def _handed_over(self, ms: Member, ids: list[int], offer: Offer | None,
                      theirs: Header) -> bool:  # fmt: skip
         """The two headers are in: finish what both handed over (True: the round then runs
         nothing else), and tell the other member this one is done with its slot."""
@@ -154,7 +176,7 @@ class HandOver:
             self._done_reading(ms)
         return taken
 
-    def _done_reading(self, ms: MemberState) -> None:
+    def _done_reading(self, ms: Member) -> None:
         """Every offer the other member made so far is read (or not taken, and so not read
         this round): its word says so, and the last slot it filled may be refilled."""
         ms.seen += 1
@@ -162,7 +184,7 @@ class HandOver:
         if words is not None:
             words[ms.comm.rank][0] = ms.seen
 
-    def _free_slot(self, ms: MemberState, nbytes: int) -> int:
+    def _free_slot(self, ms: Member, nbytes: int) -> int:
         """The slot a fresh offer of ``nbytes`` fills: the last one's, if the other member is
         done with it (a caller that waits for its op anyway waits briefly for that, from
         :data:`_WAIT_MIN_BYTES`), else the other."""
@@ -177,7 +199,7 @@ class HandOver:
                 pass
         return ms.slot if theirs[0] < ms.offered else last
 
-    def _offer(self, ms: MemberState, ids: list[int]) -> Offer | None:
+    def _offer(self, ms: Member, ids: list[int]) -> Offer | None:
         """The inputs this member hands over with its header in a two-member round: those of
         the first ready tensors that one hand-over carries (:func:`exchange_run`), where the
         last round left them in a slot if it did not take them all, else in a free slot
@@ -217,7 +239,7 @@ class HandOver:
             ms.slot = slot ^ 1
         return keys, run, got[0], got[1], slot, 0
 
-    def _take_offers(self, ms: MemberState, ids: list[int], offer: Offer,
+    def _take_offers(self, ms: Member, ids: list[int], offer: Offer,
                      theirs: Header) -> bool:  # fmt: skip
         """Finish the tensors at the head of both members' lists whose inputs both handed
         over (the round then runs nothing else); False if there are none. Every member finds

@@ -318,13 +318,16 @@ def _small_grouped(plan: dict[str, Any], sink: Sink, hvd: Any, comm: Any, backen
 PER_OP_BYTES = 4096
 
 
-def thread_cpu(tid: int) -> float | None:
-    """Seconds of CPU thread ``tid`` of this process has run (the scheduler's own count, in
-    nanoseconds, where Linux keeps it); None elsewhere."""
+def thread_cpu(ident: int | None) -> float | None:
+    """Seconds of CPU the thread ``ident`` (``threading``'s ident) of this process has run:
+    its CPU clock, which counts to the nanosecond and includes the run it is in (the
+    scheduler's statistics are updated only when a thread is switched out, and a caller that
+    polls for its op's headers may not be for several calls); None where there is none."""
+    if ident is None:
+        return None
     try:
-        with open(f"/proc/self/task/{tid}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except (AttributeError, OSError):
         return None
 
 
@@ -343,15 +346,16 @@ def _per_op(plan: dict[str, Any], sink: Sink, hvd: Any, engine_tid: int) -> None
     def asynchronous() -> None:
         hvd.synchronize(hvd.allreduce_async(x, op=hvd.Sum, output=x, name="per_op.async"))
 
-    me = threading.get_native_id()
+    me = threading.get_ident()
+    engine = next((t.ident for t in threading.enumerate() if t.native_id == engine_tid), None)
     iters, warmup = plan["small_iters"], plan["small_warmup"]
     for case, call in (("per op blocking", blocking), ("per op async", asynchronous)):
         for _ in range(warmup):
             call()
         hvd.barrier()
-        e0, c0 = thread_cpu(engine_tid), thread_cpu(me)
+        e0, c0 = thread_cpu(engine), thread_cpu(me)
         times = time_batch(call, iters, 0, lambda: None)
-        e1, c1 = thread_cpu(engine_tid), thread_cpu(me)
+        e1, c1 = thread_cpu(engine), thread_cpu(me)
         extra = {}
         if e0 is not None and e1 is not None and c0 is not None and c1 is not None:
             extra = {"engine_cpu_s": (e1 - e0) / iters, "caller_cpu_s": (c1 - c0) / iters}
