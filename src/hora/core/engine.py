@@ -103,10 +103,9 @@ class Engine(DirectRounds):
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._wake_pending = False  # a wake-up byte was sent and the queue not drained since
-        # the loop is in (or about to enter) its idle poll: only then does an enqueue wake it.
-        # Busy, it takes the queue before it sleeps again; a wake-up byte sent meanwhile would
-        # cost the caller a system call and, after it, a wait for the interpreter lock that
-        # the busy engine thread holds (a 50-tensor burst sent 13 of them)
+        # the loop is in (or about to enter) its idle poll: only then does an enqueue wake it
+        # (busy, it takes the queue before it sleeps; a wake-up would cost the caller a system
+        # call, then a wait for the interpreter lock the busy engine thread holds)
         self._idle = False
         self._ctrl: dict[int, Pair] = {}
         self._stop_requested = False

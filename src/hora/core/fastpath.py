@@ -185,6 +185,12 @@ class MemberState:
         self.poller: Any = None
         self.ctrl: dict[int, int] = {}
 
+    def leave_direct(self) -> None:
+        """Direct mode ends for this member: nothing is held for a round any more."""
+        self.direct.leave()
+        self.sent, self.ready, self.other, self.barrier = set(), {}, False, False
+        self.lent = None
+
     def take(self, entry: TensorEntry) -> int | None:
         """Put a submitted entry in the table; its cache id, or None (a miss, or an op that is
         never cached: barrier, join, process-set changes)."""
@@ -288,7 +294,6 @@ class DirectRounds(HandOver):
     def _leave_direct(self, ms: MemberState) -> None:
         """Every member ends direct mode at the same round: what waits goes to the
         coordinator, which orders it, validates it and reports stalls."""
-        ms.direct.leave()
         self.stats["direct_exits"] += 1
         full: list[Any] = []
         hits: list[int] = []
@@ -300,8 +305,7 @@ class DirectRounds(HandOver):
                 full.append(e.spec_request.to_wire())
             else:
                 hits.append(cid)
-        ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
-        ms.lent = None
+        ms.leave_direct()
         if full or hits:
             self._send_requests(ms.comm.process_set_id, full, hits)
 
@@ -316,9 +320,7 @@ class DirectRounds(HandOver):
             flags |= more
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
         if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
-            ms.direct.leave()
-            ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
-            ms.lent = None
+            ms.leave_direct()
             return
         if ms.comm.size == 2 and self._handed_over(ms, ids, offer, headers[1 - ms.comm.rank]):
             return
@@ -366,9 +368,7 @@ class DirectRounds(HandOver):
                 pair.send_msg(stop)
             except TransportError:
                 continue  # a peer that is gone waits for nothing
-        ms.direct.leave()
-        ms.sent, ms.ready, ms.other, ms.barrier = set(), {}, False, False
-        ms.lent = None
+        ms.leave_direct()
 
     def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header]:
         """Send this member's header to the others and wait for theirs, serving control
