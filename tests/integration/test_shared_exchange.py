@@ -214,3 +214,39 @@ def test_a_slot_is_refilled_only_once_the_other_member_is_done_reading_it() -> N
         assert int(out["shared"]) >= steps - 5, out  # type: ignore[call-overload]
     reused = int(out0["reused"])  # type: ignore[call-overload]
     assert steps // 3 <= reused < steps - steps // 6, out0  # both ways, many times each
+
+
+def _above_the_slot(rank: int, steps: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+    from hora.backends import native
+
+    hvd.init()
+    n = (native.SLOT_BYTES // 3 + 4096) // 4  # three of them are more than a slot holds
+    base = [np.arange(n, dtype=np.float32) % (7 + i) for i in range(3)]
+    wrong = []
+    before: dict[str, int] = {}
+    for step in range(steps + 2):  # two through the coordinator, then direct mode
+        before = before or (_stats() if step == 2 else {})
+        bufs = [b * (rank + 1) + step for b in base]
+        hvd.grouped_allreduce(bufs, op=hvd.Sum, outputs=bufs, name="g")
+        wrong += [f"{i} step {step}" for i, (b, got) in enumerate(zip(base, bufs))
+                  if not np.array_equal(got, b * 3 + 2 * step)]  # fmt: skip
+    after = _stats()
+    hvd.shutdown()
+    return {"wrong": wrong, **{k: after[k] - before[k] for k in
+                               ("exchanged", "exchanged_shared", "responses", "fused",
+                                                "direct_rounds")}}
+
+
+@pytest.mark.timeout(120)
+def test_a_run_larger_than_a_slot_goes_to_the_backend_whole() -> None:
+    """Three grouped tensors that together overflow an exchange slot are not handed over in
+    pieces: the round runs them through the backend as one fused response, every step."""
+    steps = 6
+    for out in run_ranks(_above_the_slot, 2, args=(steps,), timeout=100):
+        assert out["wrong"] == [], out["wrong"][:10]
+        assert out["exchanged"] == 0 and out["exchanged_shared"] == 0, out
+        assert out["direct_rounds"] == out["responses"] == steps, out
+        assert out["fused"] == 3 * steps, out

@@ -134,6 +134,11 @@ class NativeBackend:
             return None
         return arena.region(slot * SLOT_BYTES + at, nbytes)
 
+    def exchange_slot_bytes(self, comm: SetComm) -> int:
+        """The size of an exchange slot of the set's shared arena; 0 if it has none open."""
+        arena = self._arenas.get(comm.process_set_id)
+        return SLOT_BYTES if arena is not None and arena.nbytes >= 2 * SLOT_BYTES else 0
+
     def exchange_words(self, comm: SetComm) -> list[np.ndarray] | None:
         """Every member's int64 words in the head of the set's shared arena (each member
         writes only its own); None if the set has no arena open. Never opens one."""

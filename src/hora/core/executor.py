@@ -29,7 +29,7 @@ from hora.core.messages import OpType, Response, TensorSpec
 from hora.errors import HoraInternalError
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorEntry:
     """One submitted tensor: the request, its arrays and the handle to complete."""
 
@@ -308,6 +308,15 @@ class Executor:
             scale(piece, spec.request.dtype, spec.request.prescale)
             pos += a.size
         return mine, shared
+
+    def exchange_capacity(self, comm: SetComm) -> int:
+        """The most bytes of inputs one hand-over carries in this set: an exchange slot where
+        the backend has the set's shared arena open, else what a header carries; 0 where
+        allreduces are not handed over (not hora's own backend)."""
+        if not getattr(self.backend, "native", False):
+            return 0
+        get = getattr(self.backend, "exchange_slot_bytes", None)
+        return max(get(comm) if get is not None else 0, EXCHANGE_MAX_BYTES)
 
     def exchange_view(self, comm: SetComm, slot: int, at: int, count: int, dtype: np.dtype,
                       member: int) -> np.ndarray | None:  # fmt: skip

@@ -208,12 +208,14 @@ class HandOver:
         specs = [ms.cache.get(cid) for cid in ids]
         n = exchange_run(specs, ms.direct.fusion_threshold)
         lent, ms.lent = ms.lent, None
-        if n == 0:
+        ex, comm = self.executor, ms.comm
+        # a run too large for a slot goes to the backend whole (cut at the slot, ResNet-50's
+        # grouped gradients took a round per tensor): known before anything is laid out
+        if n == 0 or sum(s.request.nbytes for s in specs[:n] if s) > ex.exchange_capacity(comm):
             return None
         keys = keys[:n]
         run = [s for s in specs[:n] if s is not None]
         entries = [ms.table[k] for k in keys]
-        ex, comm = self.executor, ms.comm
         k = 0 if lent is None else len(lent.entries)
         if lent is not None and k <= n and all(a is b for a, b in zip(entries, lent.entries)):
             # the same entries lead, so the run's one dtype is the lent inputs' own

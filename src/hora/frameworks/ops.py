@@ -54,6 +54,8 @@ def reduce_op(average: bool | None, op: int | None) -> int:
         return Average if average else Sum
     return Average if op is None else int(op)
 
+_INTS = (int, np.integer)
+
 _NO_ADASUM_REDUCESCATTER = (
     "reducescatter does not support Adasum: use op=hvd.Sum or hvd.Average, or allreduce "
     "with op=hvd.Adasum"
@@ -74,7 +76,7 @@ def _reduction(
     finalize: Finalize,
     priority: int = 0,
 ) -> Handle:
-    if isinstance(priority, bool) or not isinstance(priority, int | np.integer):
+    if isinstance(priority, bool) or not isinstance(priority, _INTS):
         raise TypeError(f"priority must be an int (higher goes first), got {priority!r}")
     ps_id = _set_id(process_set)
     if op == ADASUM and kind == OpType.ALLREDUCE:

@@ -246,8 +246,9 @@ def _prepare(
         arrs.append(arr)
         udts.append(udt)
         same = same and arr.dtype == udt
-    if finalize is None and convert is None and same:
-        return reqs, arrs, handle  # nothing to do to the result
+    if convert is None and same:  # the results are in the user's dtypes as they come
+        handle._finalize = finalize
+        return reqs, arrs, handle
     conv = convert or _restore
 
     def post(res: Any) -> Any:

@@ -82,9 +82,9 @@ class _Lease:
         self.buf, self.event = buf, event
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass takes 1 us to make, this 0.2
 class Staged:
-    """A tensor prepared for the op surface.
+    """A tensor prepared for the op surface (not changed once made).
 
     ``array`` is what the engine reads (and writes, for in-place ops); it aliases ``tensor``
     unless ``copied``. ``dtype`` is the hora dtype override to pass along (``"bfloat16"``) or None.
@@ -154,19 +154,22 @@ def stage(
     direct = direct_device()
     if direct is not None and tensor.device == direct:
         return stage_direct(tensor, runtime or _device.runtime())
-    if tensor.device.type == "cuda":
+    if tensor.is_cuda:
         rt = runtime or _device.runtime()
         if rt is not None:
             return stage_device(tensor, rt, defer)
     host = tensor.detach()
     copied = False
-    if host.device.type != "cpu":  # a device without a stream runtime here: a blocking copy
+    if not host.is_cpu:  # a device without a stream runtime here: a blocking copy
         host = host.to("cpu")
         copied = True
     if not host.is_contiguous():
         host = host.contiguous()
         copied = True
-    array, dtype = _numpy(host.resolve_conj().resolve_neg())
+    if host.is_conj() or host.is_neg():  # a lazy view: its values are made apart
+        host = host.resolve_conj().resolve_neg()
+        copied = True
+    array, dtype = _numpy(host)
     return Staged(tensor, array, dtype, copied)
 
 

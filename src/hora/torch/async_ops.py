@@ -34,8 +34,13 @@ def _waits(staged: Sequence[Staged]) -> Any:
     """Around a submission of ``staged`` tensors staged with ``defer=True``: the engine waits
     for their copies to pinned memory (CUDA tensors) just before it reads them, not the
     caller; nothing to wait for with CPU tensors."""
+    if len(staged) == 1 and staged[0].event is None:  # the common case: a CPU tensor
+        return _NOTHING
     ready = [s.ready if s.event is not None else None for s in staged]
-    return engine_waits(ready) if any(r is not None for r in ready) else nullcontext()
+    return engine_waits(ready) if any(r is not None for r in ready) else _NOTHING
+
+
+_NOTHING = nullcontext()  # reusable
 
 
 def _new(like: torch.Tensor) -> Callable[[np.ndarray], torch.Tensor]:
