@@ -103,7 +103,8 @@ def test_engine_cost_run_measures_every_case(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["case"]: r for r in json.loads(out_json.read_text())["rows"]}
-    cases = {"allreduce", "api", "direct", "resnet50", "resnet50 grouped", "one buffer"}
+    cases = {"allreduce", "api", "direct", "resnet50", "resnet50 grouped", "one buffer",
+             "resnet50 backend"}  # the backend's own call on the same tensors (one host)
     assert set(rows) == cases | {"small grouped", "small direct", "per op blocking", "per op async"}
     for case in ("per op blocking", "per op async"):  # the engine's CPU per op, on Linux
         assert rows[case]["size_bytes"] == 4096 and rows[case]["iters"] == 3
@@ -115,6 +116,8 @@ def test_engine_cost_run_measures_every_case(tmp_path: Path) -> None:
     table = proc.stdout[proc.stdout.index("engine cost") :].splitlines()
     assert any(" API " in line and "backend direct" in line for line in table)
     assert any("161 tensors grouped" in line and line.split()[-1][0].isdigit() for line in table)
+    assert rows["resnet50 backend"]["tensors"] == 161
+    assert any("161 tensors grouped" in line and "same tensors" in line for line in table)
     assert any("25 tensors grouped" in line and "backend direct" in line for line in table)
     per_op = proc.stdout[proc.stdout.index("per op (hora)") :].splitlines()
     assert any("allreduce_async + synchronize" in line for line in per_op)
