@@ -250,3 +250,42 @@ def test_a_run_larger_than_a_slot_goes_to_the_backend_whole() -> None:
         assert out["exchanged"] == 0 and out["exchanged_shared"] == 0, out
         assert out["direct_rounds"] == out["responses"] == steps, out
         assert out["fused"] == 3 * steps, out
+
+
+def _large_or_many(rank: int, steps: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+    from hora.backends import native
+
+    hvd.init()
+    alone = native.SLOT_ALONE_BYTES + (1 << 20)  # one tensor: the backend reduces it in place
+    one = np.arange(alone // 4, dtype=np.float32) % 13
+    many = [np.arange(alone // 24, dtype=np.float32) % (5 + i) for i in range(6)]  # a slot's
+    hvd.allreduce(np.ones(1 << 18, np.float32), name="arena")  # 1 MiB: the arena opens
+    got: dict[str, object] = {"wrong": []}
+    for label, run in (("one", lambda s: [hvd.allreduce(one * (rank + 1) + s, op=hvd.Sum,
+                                                         name="one")]),
+                       ("many", lambda s: hvd.grouped_allreduce(
+                           [m * (rank + 1) + s for m in many], op=hvd.Sum, name="many"))):
+        before: dict[str, int] = {}
+        for step in range(steps + 2):  # two through the coordinator, then direct mode
+            before = before or (_stats() if step == 2 else {})
+            outs = run(step)
+            want = [one] if label == "one" else many
+            if not all(np.array_equal(o, w * 3 + 2 * step) for o, w in zip(outs, want)):
+                got["wrong"].append(f"{label} step {step}")  # type: ignore[attr-defined]
+        got[label] = _stats()["exchanged_shared"] - before["exchanged_shared"]
+    hvd.shutdown()
+    return got
+
+
+@pytest.mark.timeout(120)
+def test_one_large_tensor_goes_to_the_backend_and_as_many_bytes_in_small_ones_to_a_slot() -> None:
+    """Above ``SLOT_ALONE_BYTES`` a hand-over goes through a slot only when its tensors are
+    small on average: one 9 MiB tensor is reduced by the backend where it lies, six tensors of
+    the same 9 MiB together are handed over in a slot, every step."""
+    steps = 4
+    for out in run_ranks(_large_or_many, 2, args=(steps,), timeout=100):
+        assert out["wrong"] == [], out["wrong"]
+        assert out["one"] == 0 and out["many"] == steps, out

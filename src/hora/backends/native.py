@@ -55,6 +55,13 @@ MAPPED_MAX_BYTES = 8 << 20
 # 7,167-7,591 img/s when one hand-over took them all against 6,207-6,789 with 8 MiB slots
 # (docs/benchmarks.md). So the slots take up to 14 MiB, and a 16 MiB allreduce runs here.
 SLOT_BYTES = 14 << 20
+# Large tensors, though, are reduced faster where they lie by the backend's single-copy round
+# than copied into a slot: a hand-over above SLOT_ALONE_BYTES goes through a slot only when its
+# tensors average under SLOT_TENSOR_BYTES. Alternating in one process, np=2, slot against
+# backend: one tensor 0.73-0.82 at 8 MiB, 0.95-1.01 at 9 MiB, 1.06-1.22 at 10 MiB and 1.18-1.49
+# at 12 MiB; 12 MiB in six tensors 0.85, in three 1.01-1.05, in two 1.14-1.16.
+SLOT_ALONE_BYTES = 8 << 20
+SLOT_TENSOR_BYTES = 4 << 20
 
 
 def _one_shared_host(comm: SetComm) -> bool:
@@ -134,10 +141,14 @@ class NativeBackend:
             return None
         return arena.region(slot * SLOT_BYTES + at, nbytes)
 
-    def exchange_slot_bytes(self, comm: SetComm) -> int:
-        """The size of an exchange slot of the set's shared arena; 0 if it has none open."""
+    def exchange_takes(self, comm: SetComm, nbytes: int, count: int) -> bool:
+        """Whether a two-member hand-over of ``count`` tensors, ``nbytes`` together, goes
+        through an exchange slot of the set's shared arena (else the backend runs them): the
+        set has one open, they fit, and they are not large tensors (``SLOT_ALONE_BYTES``)."""
         arena = self._arenas.get(comm.process_set_id)
-        return SLOT_BYTES if arena is not None and arena.nbytes >= 2 * SLOT_BYTES else 0
+        if arena is None or arena.nbytes < 2 * SLOT_BYTES or nbytes > SLOT_BYTES:
+            return False
+        return nbytes <= SLOT_ALONE_BYTES or nbytes < SLOT_TENSOR_BYTES * count
 
     def exchange_words(self, comm: SetComm) -> list[np.ndarray] | None:
         """Every member's int64 words in the head of the set's shared arena (each member

@@ -309,14 +309,16 @@ class Executor:
             pos += a.size
         return mine, shared
 
-    def exchange_capacity(self, comm: SetComm) -> int:
-        """The most bytes of inputs one hand-over carries in this set: an exchange slot where
-        the backend has the set's shared arena open, else what a header carries; 0 where
-        allreduces are not handed over (not hora's own backend)."""
+    def exchange_takes(self, comm: SetComm, nbytes: int, count: int) -> bool:
+        """Whether one hand-over carries ``count`` allreduces of ``nbytes`` together in this
+        set: in the header when small, else where the backend says its exchange slots serve
+        them (never with another backend than hora's own)."""
         if not getattr(self.backend, "native", False):
-            return 0
-        get = getattr(self.backend, "exchange_slot_bytes", None)
-        return max(get(comm) if get is not None else 0, EXCHANGE_MAX_BYTES)
+            return False
+        if nbytes <= EXCHANGE_MAX_BYTES:
+            return True
+        takes = getattr(self.backend, "exchange_takes", None)
+        return bool(takes(comm, nbytes, count)) if takes is not None else False
 
     def exchange_view(self, comm: SetComm, slot: int, at: int, count: int, dtype: np.dtype,
                       member: int) -> np.ndarray | None:  # fmt: skip

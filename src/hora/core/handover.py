@@ -209,9 +209,9 @@ class HandOver:
         n = exchange_run(specs, ms.direct.fusion_threshold)
         lent, ms.lent = ms.lent, None
         ex, comm = self.executor, ms.comm
-        # a run too large for a slot goes to the backend whole (cut at the slot, ResNet-50's
+        # a run the slots do not serve goes to the backend whole (cut at the slot, ResNet-50's
         # grouped gradients took a round per tensor): known before anything is laid out
-        if n == 0 or sum(s.request.nbytes for s in specs[:n] if s) > ex.exchange_capacity(comm):
+        if n == 0 or not ex.exchange_takes(comm, sum(s.request.nbytes for s in specs[:n] if s), n):
             return None
         keys = keys[:n]
         run = [s for s in specs[:n] if s is not None]
