@@ -278,7 +278,8 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
         # the backend's own call on the same tensors, where they lie (what the engine runs):
         # the API's share of the gap to one buffer, apart from the transport's
         flat = [g.reshape(-1) for g in grads]
-        calls.append(partial(backend.allreduce_parts, comm, flat, "float32", SUM))  # type: ignore[attr-defined]
+        own = backend.allreduce_parts  # type: ignore[attr-defined]
+        calls.append(partial(own, comm, flat, "float32", SUM))
     iters, warmup = plan["resnet_iters"], plan["resnet_warmup"]
     times = time_alternating(calls, iters, warmup, hvd.barrier)
     cases = ["resnet50", "resnet50 grouped", "one buffer", "resnet50 backend"]
