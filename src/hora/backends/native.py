@@ -136,8 +136,8 @@ class NativeBackend:
         other member to read (hora.core.fastpath). None if the set has no arena open, or they
         do not fit. Never opens one (that is collective). The two slots are disjoint, so a
         member may fill one while the other still reads its last inputs from the other."""
-        arena = self._arenas.get(comm.process_set_id)
-        if arena is None or at + nbytes > SLOT_BYTES or arena.nbytes < 2 * SLOT_BYTES:
+        arena = self._slots(comm)
+        if arena is None or at + nbytes > SLOT_BYTES:
             return None
         return arena.region(slot * SLOT_BYTES + at, nbytes)
 
@@ -145,16 +145,20 @@ class NativeBackend:
         """Whether a two-member hand-over of ``count`` tensors, ``nbytes`` together, goes
         through an exchange slot of the set's shared arena (else the backend runs them): the
         set has one open, they fit, and they are not large tensors (``SLOT_ALONE_BYTES``)."""
-        arena = self._arenas.get(comm.process_set_id)
-        if arena is None or arena.nbytes < 2 * SLOT_BYTES or nbytes > SLOT_BYTES:
+        if self._slots(comm) is None or nbytes > SLOT_BYTES:
             return False
         return nbytes <= SLOT_ALONE_BYTES or nbytes < SLOT_TENSOR_BYTES * count
+
+    def _slots(self, comm: SetComm) -> Arena | None:
+        """The set's shared arena where it is open and holds the two exchange slots."""
+        arena = self._arenas.get(comm.process_set_id)
+        return arena if arena is not None and arena.nbytes >= 2 * SLOT_BYTES else None
 
     def exchange_words(self, comm: SetComm) -> list[np.ndarray] | None:
         """Every member's int64 words in the head of the set's shared arena (each member
         writes only its own); None if the set has no arena open. Never opens one."""
         arena = self._arenas.get(comm.process_set_id)
-        return None if arena is None else [arena.words(i) for i in range(comm.size)]
+        return None if arena is None else arena.words()
 
     def _arena(self, comm: SetComm) -> Arena | None:
         """The set's shared arena, opened (collectively) the first time it is asked for."""

@@ -73,7 +73,6 @@ _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, th
 # hora.core.handover's)
 
 
-
 def encode_header(ids: Sequence[int], flags: int = 0, data: bytes = b"") -> bytes:
     return _HEAD.pack(flags, len(ids)) + array("I", ids).tobytes() + data
 

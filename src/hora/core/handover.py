@@ -209,12 +209,13 @@ class HandOver:
         n = exchange_run(specs, ms.direct.fusion_threshold)
         lent, ms.lent = ms.lent, None
         ex, comm = self.executor, ms.comm
+        run = [s for s in specs[:n] if s is not None]
+        nbytes = sum(s.request.nbytes for s in run)
         # a run the slots do not serve goes to the backend whole (cut at the slot, ResNet-50's
         # grouped gradients took a round per tensor): known before anything is laid out
-        if n == 0 or not ex.exchange_takes(comm, sum(s.request.nbytes for s in specs[:n] if s), n):
+        if n == 0 or not ex.exchange_takes(comm, nbytes, n):
             return None
         keys = keys[:n]
-        run = [s for s in specs[:n] if s is not None]
         entries = [ms.table[k] for k in keys]
         k = 0 if lent is None else len(lent.entries)
         if lent is not None and k <= n and all(a is b for a, b in zip(entries, lent.entries)):
@@ -230,7 +231,7 @@ class HandOver:
                                         lent.dtype, comm.rank)
                 ms.lent = lent
                 return keys, run, mine, True, lent.slot, lent.start
-        slot = self._free_slot(ms, sum(s.request.nbytes for s in run))
+        slot = self._free_slot(ms, nbytes)
         got = ex.exchange_input(comm, run, entries, slot)
         if got is None:
             return None
@@ -288,7 +289,7 @@ class HandOver:
             del ms.table[k]
             e.complete(r)
         if tl is not None:
-            fused = sum(s.request.nbytes for s in specs) if n > 1 else 0
+            fused = nbytes if n > 1 else 0
             for s in specs:
                 tl.end(s.request.name, s.request.dtype, s.request.shape, fused)
         return True

@@ -63,11 +63,11 @@ def _share(rank: int, refuse: int) -> dict[str, Any]:
     views[(rank + 1) % comm.size][rank] = -1  # a write into the next member's part
     signal(comm)
     out["written"] = int(mine[(rank - 1) % comm.size])
-    words = arena.words(rank)
+    words = arena.words()[rank]
     out["words at first"] = words.tolist()
     words[:] = rank + 100  # each member's own words, apart from what callers lay out
     signal(comm)
-    out["words"] = [arena.words(r).tolist() for r in range(comm.size)]
+    out["words"] = [w.tolist() for w in arena.words()]
     expected = rank * 1000 + np.arange(1000)
     expected[(rank - 1) % comm.size] = -1
     out["laid out intact"] = bool(np.array_equal(mine, expected))

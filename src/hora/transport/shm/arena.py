@@ -68,11 +68,12 @@ class Arena:
         parts = [b[offset : offset + nbytes] for b in self._bytes]
         return parts if dtype is None else [p.view(dtype) for p in parts]
 
-    def words(self, member: int) -> np.ndarray:
-        """``member``'s :data:`WORDS` int64 words, zero at first: what it tells the others
-        between messages (each member writes only its own). A plain store, so only for what
-        may be read late: a reader that does not see a word yet must be right to wait."""
-        return self._words[member]
+    def words(self) -> list[np.ndarray]:
+        """Every member's :data:`WORDS` int64 words, by member, zero at first: what each tells
+        the others between messages (each member writes only its own). A plain store, so only
+        for what may be read late: a reader that does not see a word yet must be right to
+        wait."""
+        return self._words
 
     def views(self, like: np.ndarray) -> list[np.ndarray] | None:
         """Every member's part laid out as ``like``, a view at the start of this rank's part
