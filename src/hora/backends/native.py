@@ -14,7 +14,7 @@ from hora.backends.base import SetComm
 from hora.collectives import hierarchical, registry
 from hora.collectives.allreduce_mapped import allreduce_mapped, allreduce_staged
 from hora.collectives.base import check_buffer
-from hora.collectives.reduce_ops import reducer
+from hora.collectives.reduce_ops import reducer_scaled, scale
 from hora.dtypes import storage_dtype
 from hora.transport.shm.arena import Arena, open_arena
 
@@ -79,6 +79,9 @@ class NativeBackend:
     # allreduce takes ``out=``: the result made apart from the input in the same pass (no copy
     # of an out-of-place allreduce's input first, core.executor)
     reduces_into = True
+    # allreduce and allreduce_parts take ``post=``: the result's scaling (an Average's 1/size),
+    # made in the reduction's pass where they can (two members), else after it
+    scales_result = True
 
     def __init__(self, ctx: BackendContext | None = None) -> None:
         # one scratch area for every reduction, instead of an allocation per call
@@ -94,29 +97,31 @@ class NativeBackend:
         self.mapped = self.gathered = 0
 
     def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int,
-                  out: np.ndarray | None = None) -> None:  # fmt: skip
+                  out: np.ndarray | None = None, post: float = 1.0) -> None:  # fmt: skip
         """Reduce ``buf`` in place, or into ``out`` (1-D, ``buf``'s size and dtype; ``buf`` is
-        then only read, and may be read-only)."""
+        then only read, and may be read-only), and scale the result by ``post``."""
+        red, left = reducer_scaled(comm.size, op, dtype, post)
         arena = self._arenas.get(comm.process_set_id)
         views = arena.views(buf) if arena is not None else None
+        res = buf if out is None else out
         if views is not None:  # the set's fusion buffer, in its shared arena
             check_buffer(buf, dtype)
-            allreduce_mapped(comm, views, reducer(op, dtype))
+            allreduce_mapped(comm, views, red)
             self.mapped += 1
             if out is not None:
                 np.copyto(out, buf)
-            return
-        if MAPPED_MIN_BYTES < buf.nbytes <= MAPPED_MAX_BYTES:
-            arena = self._arena(comm)
-            if arena is not None and buf.nbytes <= arena.nbytes:
-                check_buffer(buf if out is None else out, dtype)
-                staged = arena.region(0, buf.nbytes, buf.dtype)
-                allreduce_staged(comm, buf, staged, reducer(op, dtype), out=out)
-                self.mapped += 1
-                return
-        # host-aware: shared memory inside a host, hierarchical across hosts, else flat
-        hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
-                               hierarchical=self._hier_allreduce, scratch=self._scratch, out=out)
+            scale(res, dtype, left)
+        elif (MAPPED_MIN_BYTES < buf.nbytes <= MAPPED_MAX_BYTES
+                and (arena := self._arena(comm)) is not None and buf.nbytes <= arena.nbytes):
+            check_buffer(res, dtype)
+            staged = arena.region(0, buf.nbytes, buf.dtype)
+            allreduce_staged(comm, buf, staged, red, out=out)
+            self.mapped += 1
+            scale(res, dtype, left)
+        else:  # host-aware: shared memory inside a host, hierarchical across hosts, else flat
+            hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
+                                   hierarchical=self._hier_allreduce, scratch=self._scratch,
+                                   out=out, post=post)
 
     def fusion_buffer(self, comm: SetComm, count: int, dtype: str) -> np.ndarray | None:
         """A fusion buffer of ``count`` elements in the set's shared arena, which
@@ -183,12 +188,16 @@ class NativeBackend:
                 and nbytes > MAPPED_MAX_BYTES)  # below: the fusion buffer in the arena
 
     def allreduce_parts(self, comm: SetComm, parts: list[np.ndarray], dtype: str,
-                        op: int) -> None:
-        """Reduce ``parts`` as one buffer, each where it lies (no fusion-buffer copies)."""
+                        op: int, post: float = 1.0) -> None:  # fmt: skip
+        """Reduce ``parts`` as one buffer, each where it lies (no fusion-buffer copies), and
+        scale the results by ``post``."""
         for p in parts:
             check_buffer(p, dtype)
-        hierarchical.allreduce_direct(comm, parts, reducer(op, dtype), scratch=self._scratch)
+        red, left = reducer_scaled(comm.size, op, dtype, post)
+        hierarchical.allreduce_direct(comm, parts, red, scratch=self._scratch)
         self.gathered += 1
+        for p in parts:
+            scale(p, dtype, left)
 
     def allgatherv(self, comm: SetComm, send: np.ndarray, recv: np.ndarray,
                    counts: list[int]) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from hora.collectives import registry
 from hora.collectives.base import Comm, as_bytes, check_buffer, offsets_of, split_even
-from hora.collectives.reduce_ops import Reducer, reducer
+from hora.collectives.reduce_ops import Reducer, reducer, reducer_scaled, scale
 from hora.transport.base import Pair, Work
 
 log = logging.getLogger(__name__)
@@ -135,30 +135,33 @@ def allreduce(
     hierarchical: bool = False,
     scratch: np.ndarray | None = None,
     out: np.ndarray | None = None,
+    post: float = 1.0,
 ) -> None:
     """Reduce ``buf`` in place across the group, choosing the algorithm (see module doc); with
     ``out`` (1-D, of ``buf``'s size and dtype), into ``out``, ``buf`` only read (it may be
-    read-only)."""
+    read-only). The result is scaled by ``post``: in the reduction's pass where the direct
+    algorithm runs between two members, else after it."""
     check_buffer(buf if out is None else out, dtype)
-    reduce = reducer(op, dtype)
     large = buf.nbytes > registry.SMALL_THRESHOLD
     direct = (comm.size > 1 and layout is not None and not layout.multi_host and layout.shared
               and large)  # fmt: skip
     if out is not None and not direct:  # the others reduce in place: in the output
         np.copyto(out, buf)
         buf, out = out, None
+    res = buf if out is None else out
     if comm.size == 1 or buf.size == 0:
-        return
-    if layout is not None and layout.multi_host:
-        if hierarchical or (large and layout.max_local > 1):
-            _note(layout, "allreduce", "hierarchical" if hierarchical else "hierarchical (auto)")
-            allreduce_hierarchical(comm, buf, dtype, op, layout, scratch=scratch)
-            return
+        pass
+    elif layout is not None and layout.multi_host and (
+            hierarchical or (large and layout.max_local > 1)):  # fmt: skip
+        _note(layout, "allreduce", "hierarchical" if hierarchical else "hierarchical (auto)")
+        allreduce_hierarchical(comm, buf, dtype, op, layout, scratch=scratch)
     elif direct and layout is not None:
         _note(layout, "allreduce", "direct over shared memory")
+        reduce, post = reducer_scaled(comm.size, op, dtype, post)
         allreduce_direct(comm, buf, reduce, scratch=scratch, out=out)
-        return
-    registry.allreduce(comm, buf, dtype, op, scratch=scratch)
+    else:
+        registry.allreduce(comm, buf, dtype, op, scratch=scratch)
+    scale(res, dtype, post)
 
 
 def allgatherv(

@@ -156,6 +156,63 @@ def scale(buf: np.ndarray, dtype: str, factor: float) -> None:
         np.copyto(buf, wide64, casting="unsafe")
 
 
+# a scaled reducer works through large arrays in pieces of this many bytes: the scaling then
+# reads each piece of the result from the cache the reduction just wrote it to
+SCALE_PIECE_BYTES = 256 << 10
+
+
+def scaled(reduce: Reducer, dtype: str, factor: float) -> Reducer | None:
+    """``reduce``, with every result it makes multiplied by ``factor`` while in cache: the
+    same bits as :func:`scale` over the whole result afterwards, in one pass less over memory
+    (an Average of two members: 64 MiB took 1.65x as long as a Sum with the scaling apart).
+    Only for a reduction that makes each element of the result in one call, as every
+    algorithm between two members does (more members fold each element in several calls).
+    None where :func:`scale` widens or truncates (not float32 or float64): scale apart."""
+    if factor == 1.0:
+        return reduce
+    if dtype not in ("float32", "float64"):
+        return None
+    f = storage_dtype(dtype).type(factor)
+    step = SCALE_PIECE_BYTES // storage_dtype(dtype).itemsize
+
+    def reduce_scaled(acc: np.ndarray, incoming: np.ndarray, out: np.ndarray | None = None) -> None:
+        res = acc if out is None else out
+        if res.size <= step:
+            reduce(acc, incoming, out=res)
+            np.multiply(res, f, out=res)
+            return
+        for a in range(0, res.size, step):
+            b = a + step
+            piece = res[a:b]
+            reduce(acc[a:b], incoming[a:b], out=piece)
+            np.multiply(piece, f, out=piece)
+
+    return reduce_scaled
+
+
+def reducer_scaled(size: int, op: int, dtype: str, post: float) -> tuple[Reducer, float]:
+    """The reducer of an allreduce among ``size`` members whose result is scaled by ``post``,
+    and the factor left to :func:`scale` after it: between two members, each element of the
+    result is made in one reduction, which then scales it while in cache (:func:`scaled`, 1.0
+    left); else the plain reducer, and ``post``."""
+    red = reducer(op, dtype)
+    if size != 2 or post == 1.0:
+        return red, post
+    key = (op, dtype, post)
+    once = _SCALED.get(key)
+    if once is None:
+        once = scaled(red, dtype, post)
+        if once is None:
+            return red, post
+        if len(_SCALED) >= 64:  # postscale factors are few; never an unbounded table
+            _SCALED.clear()
+        _SCALED[key] = once
+    return once, 1.0
+
+
+_SCALED: dict[tuple[int, str, float], Reducer] = {}
+
+
 def _fits_integer(factor: float, dtype: np.dtype) -> bool:
     info = np.iinfo(dtype)
     return float(factor).is_integer() and info.min <= factor <= info.max

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hora.backends.base import Backend, SetComm
-from hora.collectives.reduce_ops import AVERAGE, SUM, reducer, scale
+from hora.collectives.reduce_ops import AVERAGE, SUM, reducer_scaled, scale
 from hora.collectives.reducescatter_ring import reducescatter_counts
 from hora.core.buffers import BufferOps, HostBufferOps
 from hora.core.messages import OpType, Response, TensorSpec
@@ -219,11 +219,14 @@ class Executor:
             for f in flats:
                 scale(f, req.dtype, req.prescale)
         self._act(names, f"{self.backend.name}_{resp.op.name}")
-        self.backend.allreduce_parts(comm, flats, req.dtype, op)  # type: ignore[attr-defined]
-        self._act(names, None)
-        if post != 1.0:
+        own = self.backend.allreduce_parts  # type: ignore[attr-defined]
+        if getattr(self.backend, "scales_result", False):
+            own(comm, flats, req.dtype, op, post=post)
+        else:
+            own(comm, flats, req.dtype, op)
             for f in flats:
                 scale(f, req.dtype, post)
+        self._act(names, None)
         return [f.reshape(s.request.shape) for f, s in zip(flats, resp.specs)]
 
     def _allreduce_split(
@@ -268,12 +271,16 @@ class Executor:
         prescale, not Adasum), ``src`` into ``buf`` in the backend's one pass."""
         ops.scale(buf, dtype, pre)
         self._act(names, f"{self.backend.name}_{resp.op.name}")
+        kw: dict[str, Any] = {} if src is None else {"out": buf}
+        if (resp.op != OpType.ADASUM and ops is self.host
+                and getattr(self.backend, "scales_result", False)):
+            kw["post"], post = post, 1.0  # in the reduction's pass where it can
         if resp.op == OpType.ADASUM:
             self.backend.adasum(comm, buf, dtype, segments)
         elif src is not None:
-            self.backend.allreduce(comm, src, dtype, op, out=buf)  # type: ignore[call-arg]
+            self.backend.allreduce(comm, src, dtype, op, **kw)
         else:
-            self.backend.allreduce(comm, buf, dtype, op)
+            self.backend.allreduce(comm, buf, dtype, op, **kw)
         self._act(names, None)
         ops.scale(buf, dtype, post)
 
@@ -384,8 +391,10 @@ class Executor:
             out = entry.output.reshape(-1)
             if entry.output is entry.array and req.prescale == 1.0:
                 mine = out
-        reducer(SUM if op == AVERAGE else op, req.dtype)(mine, incoming, out=out)
-        scale(out, req.dtype, req.postscale / 2 if op == AVERAGE else req.postscale)
+        post = req.postscale / 2 if op == AVERAGE else req.postscale
+        red, post = reducer_scaled(2, SUM if op == AVERAGE else op, req.dtype, post)
+        red(mine, incoming, out=out)
+        scale(out, req.dtype, post)
         return out.reshape(req.shape)
 
     def allgather(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Any:

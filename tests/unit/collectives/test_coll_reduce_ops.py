@@ -110,3 +110,42 @@ def test_scale_rounds_half_precision_once() -> None:
     np.testing.assert_array_equal(buf, np.array([1 / 3, 1.0]).astype(np.float16))
     with pytest.raises(TypeError, match="storage dtype"):
         ro.scale(np.ones(2, np.float32), "float64", 2.0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("factor", [0.5, 1 / 3, 7.25])
+def test_a_scaled_reducer_gives_the_bits_of_reducing_then_scaling(dtype: str,
+                                                                   factor: float) -> None:
+    st = np.dtype(dtype)
+    step = ro.SCALE_PIECE_BYTES // st.itemsize
+    rng = np.random.default_rng(7)
+    for count in (0, 1, 999, step, 2 * step + 17):  # one piece, exactly one, several and a tail
+        a, b = rng.standard_normal(count).astype(st), rng.standard_normal(count).astype(st)
+        want = a + b
+        ro.scale(want, dtype, factor)
+        red = ro.scaled(ro.reducer(ro.SUM, dtype), dtype, factor)
+        assert red is not None
+        out, before = np.full(count, np.nan, st), a.copy()
+        red(a, b, out=out)  # apart: a stays as it was
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(a, before)
+        red(a, b)  # in place
+        np.testing.assert_array_equal(a, want)
+
+
+@pytest.mark.timeout(30)
+def test_a_reduction_is_scaled_in_its_pass_only_between_two_members_and_exactly() -> None:
+    plain = ro.reducer(ro.SUM, "float32")
+    # more members fold an element in several calls: the factor is left to scale after
+    assert ro.reducer_scaled(3, ro.SUM, "float32", 0.5) == (plain, 0.5)
+    assert ro.reducer_scaled(2, ro.SUM, "float32", 1.0) == (plain, 1.0)
+    # float16, bfloat16 and integers scale widened or truncated: apart, as before
+    for dtype in ("float16", "bfloat16", "int32"):
+        assert ro.scaled(ro.reducer(ro.SUM, dtype), dtype, 0.5) is None
+        assert ro.reducer_scaled(2, ro.SUM, dtype, 0.5)[1] == 0.5
+    red, left = ro.reducer_scaled(2, ro.MAX, "float64", 0.25)
+    assert left == 1.0 and red is ro.reducer_scaled(2, ro.MAX, "float64", 0.25)[0]  # made once
+    acc = np.array([1.0, -8.0, 4.0])
+    red(acc, np.array([2.0, -12.0, 3.0]))
+    np.testing.assert_array_equal(acc, [0.5, -2.0, 1.0])
