@@ -1,5 +1,5 @@
 """``hora bench scaling`` for real: a short run of a small model at np 1 and 2 through the
-launcher, on the native backend and Gloo (and MPI where it is available), then
+launcher, on the native backend, Gloo (and MPI where it is available) and torch DDP, then
 ``hora bench report`` on its folder; and the table across servers on two network-namespace
 hosts where they can be made."""
 
@@ -42,6 +42,7 @@ def _table(stdout: str, title: str) -> list[list[str]]:
 @pytest.mark.timeout(600)
 def test_short_scaling_run_fills_the_tables_and_writes_the_files(tmp_path: Path) -> None:
     backends = ["native", "gloo"] + (["mpi"] if scaling.unavailable("mpi") is None else [])
+    backends.append("ddp")  # torch's DistributedDataParallel on the same model, the peer
     out = tmp_path / "run"
     argv = ["bench", "scaling", *SHORT, "--np", "1,2", "--out", str(out)]
     proc = _hora(*argv, "--backends", ",".join([*backends, "nccl"]), timeout=560)
@@ -72,7 +73,14 @@ def test_short_scaling_run_fills_the_tables_and_writes_the_files(tmp_path: Path)
         assert two["throughput"] == pytest.approx(2 * 8 / two["step_mean_s"])
         assert len(two["step_times_s"]) == 4 and min(two["step_times_s"]) > 0
         assert two["backend_used"] == backend and one["wait_s"] >= 0
-        assert 0 <= two["comm_share"] < 1 and two["params"] == 3_213_002
+        assert two["params"] == 3_213_002
+        if backend == "ddp":  # its wait is inside backward: no phase of its own, no share
+            assert two["comm_share"] is None and two["wait_s"] < 1e-3  # an empty phase
+        else:
+            assert 0 <= two["comm_share"] < 1
+    ddp_rows = [r for r in rows if r[0] == "ddp"]
+    assert ddp_rows and all(r[7] == "-" for r in ddp_rows), rows
+    assert "ddp: torch DistributedDataParallel" in proc.stdout
     for name in ("scaling_mlp.png", "breakdown.png"):
         assert (out / name).read_bytes()[:8] == PNG
     assert len((out / "results.csv").read_text().splitlines()) == 2 * len(backends) + 1

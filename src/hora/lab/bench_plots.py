@@ -19,7 +19,8 @@ from typing import Any
 
 from hora.lab.bench_results import Row, ScalingResult, config_key, derive
 
-COLORS = {"native": "tab:blue", "gloo": "tab:orange", "mpi": "tab:green", "nccl": "tab:red"}
+COLORS = {"native": "tab:blue", "gloo": "tab:orange", "mpi": "tab:green", "nccl": "tab:red",
+          "ddp": "tab:purple"}
 PHASE_COLORS = {"compute": "tab:blue", "comm wait": "tab:red", "data": "tab:gray"}
 
 
@@ -120,7 +121,7 @@ def plot_breakdown(result: ScalingResult, path: str | Path) -> None:
             bottom = [b + v for b, v in zip(bottom, values)]
         for i, r in enumerate(mine):
             ax.annotate(
-                f"{100 * r['comm_share']:.0f}%",
+                "-" if r["comm_share"] is None else f"{100 * r['comm_share']:.0f}%",
                 (i, bottom[i]),
                 ha="center",
                 va="bottom",

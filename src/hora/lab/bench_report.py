@@ -222,7 +222,10 @@ def headline(meta: dict[str, Any]) -> str:
         + (f"; on CUDA ({meta.get('gpu')})" if meta.get("device") == "cuda" else "")
         + ". Step time: mean ± standard "
         "deviation over steps (a step lasts as long as its slowest rank); comm wait: share of a "
-        "step spent in optimizer.synchronize() after backward" + _gpu_note(meta) + _load_note(meta)
+        "step spent in optimizer.synchronize() after backward"
+        + ("; ddp: torch DistributedDataParallel on the same model and batch (its wait is "
+           "inside backward: no share of its own)" if "ddp" in meta.get("backends", ()) else "")
+        + _gpu_note(meta) + _load_note(meta)
     )
 
 

@@ -38,7 +38,8 @@ def summarize(ranks: Sequence[dict[str, Any]], config: dict[str, Any]) -> Row:
     """One configuration's row from every rank's :func:`hora.lab.train_worker.train` result.
 
     A step lasts as long as its slowest rank; throughput is ``np * batch / mean step time``;
-    phase times are means over ranks and steps; ``comm_share`` is wait / step.
+    phase times are means over ranks and steps; ``comm_share`` is wait / step (None
+    where the ranks say they could not time the wait apart: DDP's is inside backward).
     """
     if not ranks or any(len(r["compute_s"]) != len(ranks[0]["compute_s"]) for r in ranks):
         raise ValueError("every rank must report the same number of steps")
@@ -57,7 +58,9 @@ def summarize(ranks: Sequence[dict[str, Any]], config: dict[str, Any]) -> Row:
         "step_p50_s": statistics.median(steps),
         "step_p90_s": quantiles[-1] if quantiles else steps[0],
         **phase,
-        "comm_share": phase["wait_s"] / sum(phase.values()),
+        # None where the wait is not a phase of its own (DDP waits inside backward)
+        "comm_share": (phase["wait_s"] / sum(phase.values())
+                       if all(r.get("wait_measured", True) for r in ranks) else None),
         "throughput": np_ * config["batch_size"] / mean,
         "params": ranks[0]["params"],
         "grad_bytes": ranks[0]["grad_bytes"],

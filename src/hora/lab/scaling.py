@@ -53,7 +53,7 @@ from hora.launch.workerenv import TORCH_HUGE_PAGES
 
 log = logging.getLogger("hora.lab")
 
-BACKENDS = ("native", "gloo", "mpi", "nccl")
+BACKENDS = ("native", "gloo", "mpi", "nccl", "ddp")
 EXAMPLES = """examples:
   hora bench scaling                        cnn, every backend, 1 and 2 processes here
   hora bench scaling --model cnn --backends native,gloo,mpi --np 1,2,4 --out results/
@@ -131,6 +131,14 @@ def unavailable(backend: str, device: str = "cpu") -> str | None:
     can."""
     from hora.backends import registry
 
+    if backend == "ddp":  # torch's own, beside hora's backends: Gloo, or NCCL on the GPU
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return "this build of torch has no torch.distributed"
+        if device == "cuda":
+            return gpu.unavailable("nccl")
+        return None if dist.is_gloo_available() else "this build of torch has no Gloo"
     entry = registry.BACKENDS.get(backend)
     module = entry.split(":")[0] if entry else None
     if backend == "nccl":
@@ -183,10 +191,11 @@ class ScalingConfig:
             return self.batch_size
         return (DEFAULT_GPU_BATCH if self.device == "cuda" else DEFAULT_BATCH)[model]
 
-    def spec(self, model: str, progress_path: str | None = None) -> TrainSpec:
+    def spec(self, model: str, progress_path: str | None = None,
+             backend: str = "native") -> TrainSpec:  # fmt: skip
         return TrainSpec(
             model, self.batch(model), self.steps, self.warmup, self.threads, self.timeout,
-            self.examples_dir, self.data_dir, progress_path, self.device,
+            self.examples_dir, self.data_dir, progress_path, self.device, backend == "ddp",
         )  # fmt: skip
 
 
@@ -315,7 +324,7 @@ def run_configuration(
             contextlib.redirect_stdout(log_file),
             contextlib.redirect_stderr(log_file),
         ):
-            ranks = _launch(config, config.spec(model, progress_path), backend, place)
+            ranks = _launch(config, config.spec(model, progress_path, backend), backend, place)
     except LaunchError as e:
         raise RuntimeError(_why(e, log_path)) from e
     finally:
@@ -372,6 +381,10 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _share(value: float | None) -> str:
+    return "inside backward" if value is None else f"{100 * value:.0f}%"
+
+
 def _done_line(row: Row, base: float | None) -> str:
     speedup = f", speedup {row['throughput'] / base:.2f}" if base else ""
     gpus = (
@@ -382,7 +395,7 @@ def _done_line(row: Row, base: float | None) -> str:
     return (
         f"{row['model']} {row['backend']} {row['servers']}x{row['per_server']}: "
         f"{row['step_mean_s'] * 1e3:.1f} ± {row['step_std_s'] * 1e3:.1f} ms/step, "
-        f"{row['throughput']:.1f} samples/s{speedup}, comm wait {100 * row['comm_share']:.0f}%"
+        f"{row['throughput']:.1f} samples/s{speedup}, comm wait {_share(row['comm_share'])}"
         + gpus
     )
 

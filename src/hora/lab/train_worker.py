@@ -71,6 +71,9 @@ class TrainSpec:
     data_dir: str = "./data"
     progress_path: str | None = None
     device: str = "cpu"  # or cuda: cuda:<local rank>
+    # torch DistributedDataParallel instead of hora's DistributedOptimizer (the lab's "ddp"
+    # backend): Gloo on the CPU, NCCL on the GPU; hora only starts the ranks and agrees a port
+    ddp: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -199,9 +202,18 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
         rank, size = hvd.rank(), hvd.size()
         device, fence = _device(spec, hvd.local_rank())
         model, next_batch, loss_fn = build(spec, rank, size, device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if spec.ddp:
+            model = _ddp(model, rank, size, device, hvd)
         sgd = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+        optimizer: Any = sgd
+        if not spec.ddp:
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+        # DDP waits for its last gradients inside backward: its wait phase is empty and its
+        # row says so (no comm share) rather than 0%
+        synchronize = (lambda: None) if spec.ddp else optimizer.synchronize
+        skip = contextlib.nullcontext if spec.ddp else optimizer.skip_synchronize
         phases: dict[str, list[float]] = {k: [] for k in ("data", "compute", "wait", "update")}
         total = spec.warmup + spec.steps
         for i in range(total):
@@ -215,10 +227,10 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
             loss_fn(model(x), y).backward()
             fence()
             t2 = time.perf_counter()
-            optimizer.synchronize()
+            synchronize()
             fence()
             t3 = time.perf_counter()
-            with optimizer.skip_synchronize():
+            with skip():
                 optimizer.step()
             fence()
             t4 = time.perf_counter()
@@ -227,12 +239,12 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
                     phases[key].append(value)
             if rank == 0:
                 _report_progress(spec.progress_path, i + 1, total)
-        params = [p for p in model.parameters() if p.requires_grad]
         return {
             "rank": rank,
             "size": size,
             "host": socket.gethostname(),
-            "backend": runtime().backend_name,
+            "backend": "ddp" if spec.ddp else runtime().backend_name,
+            "wait_measured": not spec.ddp,
             "params": sum(p.numel() for p in params),
             "grad_bytes": sum(p.numel() * p.element_size() for p in params),
             "torch_threads": torch.get_num_threads(),
@@ -240,4 +252,33 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
             **{f"{key}_s": values for key, values in phases.items()},
         }
     finally:
+        if spec.ddp:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
         hvd.shutdown()
+
+
+def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any) -> Any:
+    """``model`` in torch's DistributedDataParallel, its process group started at the address
+    hora's peers reach rank 0 on, on a port rank 0 found free there (both broadcast by hora)."""
+    import torch
+    import torch.distributed as dist
+
+    from hora.core.runtime import runtime
+
+    where: tuple[str, int] = ("127.0.0.1", 0)
+    if rank == 0:
+        transport = runtime().engine.members[0].comm.transport
+        host = getattr(transport, "listen_address", where)[0]
+        with socket.socket() as s:
+            s.bind((host, 0))
+            where = (host, s.getsockname()[1])
+    addr, port = hvd.broadcast_object(where, 0, name="lab.ddp_address")
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}",
+                            rank=rank, world_size=size)  # fmt: skip
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if cuda else None
+    )

@@ -25,13 +25,14 @@ def test_defaults_are_modest(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu, "no_gpu_reason", lambda: "no GPU")  # auto: the CPU's batches
     config = scaling.config_from_args(_args())
     assert config.models == ["cnn"] and config.nps == [1, 2]
-    assert config.backends == ["native", "gloo", "mpi", "nccl"]
+    assert config.backends == ["native", "gloo", "mpi", "nccl", "ddp"]
     assert config.steps == 20 and config.warmup == 5 and config.threads == 1
     assert config.batch("cnn") == 16 and config.placements == [Placement(1, 1), Placement(1, 2)]
     spec = config.spec("mnist", "/tmp/p")
     assert (spec.model, spec.batch_size, spec.threads, spec.progress_path) == (
         "mnist", 64, 1, "/tmp/p",
     )  # fmt: skip
+    assert not spec.ddp and config.spec("cnn", None, "ddp").ddp  # DDP in place of hora's optimizer
 
 
 def test_lists_and_all() -> None:
