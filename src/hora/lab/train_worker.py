@@ -269,16 +269,32 @@ def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any) -> Any:
     from hora.core.runtime import runtime
 
     where: tuple[str, int] = ("127.0.0.1", 0)
+    transport = runtime().engine.members[0].comm.transport
+    mine = getattr(transport, "listen_address", where)[0]
     if rank == 0:
-        transport = runtime().engine.members[0].comm.transport
-        host = getattr(transport, "listen_address", where)[0]
         with socket.socket() as s:
-            s.bind((host, 0))
-            where = (host, s.getsockname()[1])
+            s.bind((mine, 0))
+            where = (mine, s.getsockname()[1])
     addr, port = hvd.broadcast_object(where, 0, name="lab.ddp_address")
+    # Gloo's pairs take the address the host name resolves to (often 127.0.0.1): across
+    # hosts, the interface hora's own connections use instead, unless the user named one
+    iface = _interface_of(mine)
+    if iface is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
     cuda = device.type == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}",
                             rank=rank, world_size=size)  # fmt: skip
     return torch.nn.parallel.DistributedDataParallel(
         model, device_ids=[device.index] if cuda else None
     )
+
+
+def _interface_of(address: str) -> str | None:
+    """The network interface whose IPv4 address is ``address``, or None."""
+    from hora.transport.tcp.transport import interface_address
+
+    for _, name in socket.if_nameindex():
+        with contextlib.suppress(OSError, ValueError):
+            if interface_address(name) == address:
+                return name
+    return None
