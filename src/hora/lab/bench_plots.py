@@ -121,7 +121,7 @@ def plot_breakdown(result: ScalingResult, path: str | Path) -> None:
             bottom = [b + v for b, v in zip(bottom, values)]
         for i, r in enumerate(mine):
             ax.annotate(
-                "-" if r["comm_share"] is None else f"{100 * r['comm_share']:.0f}%",
+                "in backward" if r["comm_share"] is None else f"{100 * r['comm_share']:.0f}%",
                 (i, bottom[i]),
                 ha="center",
                 va="bottom",
