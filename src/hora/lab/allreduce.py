@@ -58,7 +58,6 @@ DEFAULT_BACKENDS = ("hora", "gloo", "mpi")
 DEVICE_BACKENDS = {"cpu": (BACKENDS, DEFAULT_BACKENDS), "cuda": (gpu.CUDA_BACKENDS,) * 2}
 TORCH_PEERS = ("gloo", "nccl")  # started with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE
 DEFAULT_SIZES = [4 * 4**k * 1024 for k in range(0, 9, 2)]  # 4 KiB, 64 KiB, 1 MiB, 16, 256 MiB
-ENGINE_COST_MIN_BYTES = 1 << 20
 EXAMPLES = """examples:
   hora bench allreduce                      hora, Gloo and Open MPI, 4 KiB to 256 MiB, np=2
   hora bench allreduce --backends hora,hora-tcp,gloo,mpi --engine-cost
@@ -172,7 +171,6 @@ class AllreduceBenchConfig:
             "out": out,
             "timeout": self.timeout,
             "engine_cost": self.engine_cost,
-            "engine_cost_min_bytes": ENGINE_COST_MIN_BYTES,
             "small_iters": small,
             "small_warmup": warmup_iters(small),
             "resnet_iters": resnet,

@@ -236,8 +236,6 @@ def _engine_cost(plan: dict[str, Any], rank: int, size: int, sink: Sink, hvd: An
     engine = runtime().engine
     comm, backend = engine.members[0].comm, engine.executor.backend
     for nbytes, iters, warmup in zip(plan["sizes"], plan["iters"], plan["warmup"]):
-        if nbytes < plan["engine_cost_min_bytes"]:
-            continue
         x = np.zeros(nbytes // 4, dtype=np.float32)
         api, direct = time_alternating(
             [
