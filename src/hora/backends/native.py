@@ -100,28 +100,31 @@ class NativeBackend:
                   out: np.ndarray | None = None, post: float = 1.0) -> None:  # fmt: skip
         """Reduce ``buf`` in place, or into ``out`` (1-D, ``buf``'s size and dtype; ``buf`` is
         then only read, and may be read-only), and scale the result by ``post``."""
-        red, left = reducer_scaled(comm.size, op, dtype, post)
         arena = self._arenas.get(comm.process_set_id)
-        views = arena.views(buf) if arena is not None else None
-        res = buf if out is None else out
-        if views is not None:  # the set's fusion buffer, in its shared arena
-            check_buffer(buf, dtype)
-            allreduce_mapped(comm, views, red)
-            self.mapped += 1
-            if out is not None:
-                np.copyto(out, buf)
-            scale(res, dtype, left)
-        elif (MAPPED_MIN_BYTES < buf.nbytes <= MAPPED_MAX_BYTES
-                and (arena := self._arena(comm)) is not None and buf.nbytes <= arena.nbytes):
-            check_buffer(res, dtype)
-            staged = arena.region(0, buf.nbytes, buf.dtype)
-            allreduce_staged(comm, buf, staged, red, out=out)
-            self.mapped += 1
-            scale(res, dtype, left)
-        else:  # host-aware: shared memory inside a host, hierarchical across hosts, else flat
+        views = arena.views(buf) if arena is not None else None  # the set's fusion buffer
+        staged = None  # else a single buffer staged through the arena
+        if views is None and MAPPED_MIN_BYTES < buf.nbytes <= MAPPED_MAX_BYTES:
+            arena = self._arena(comm)
+            if arena is not None and buf.nbytes <= arena.nbytes:
+                staged = arena.region(0, buf.nbytes, buf.dtype)
+        if views is None and staged is None:
+            # host-aware: shared memory inside a host, hierarchical across hosts, else flat
             hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
                                    hierarchical=self._hier_allreduce, scratch=self._scratch,
                                    out=out, post=post)
+            return
+        red, left = reducer_scaled(comm.size, op, dtype, post)
+        res = buf if out is None else out
+        if views is not None:
+            check_buffer(buf, dtype)
+            allreduce_mapped(comm, views, red)
+            if out is not None:
+                np.copyto(out, buf)
+        elif staged is not None:
+            check_buffer(res, dtype)
+            allreduce_staged(comm, buf, staged, red, out=out)
+        self.mapped += 1
+        scale(res, dtype, left)
 
     def fusion_buffer(self, comm: SetComm, count: int, dtype: str) -> np.ndarray | None:
         """A fusion buffer of ``count`` elements in the set's shared arena, which

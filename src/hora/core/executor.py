@@ -76,6 +76,8 @@ class Executor:
         self.device_ops: BufferOps | None = (
             backend.buffer_ops if getattr(backend, "device_buffers", False) else None  # type: ignore[attr-defined]
         )
+        # the backend scales a host allreduce's result itself (allreduce's ``post=``)
+        self._scales = bool(getattr(backend, "scales_result", False))
 
     # -- helpers ----------------------------------------------------------------------------
     def _act(self, names: list[str], activity: str | None) -> None:
@@ -219,13 +221,9 @@ class Executor:
             for f in flats:
                 scale(f, req.dtype, req.prescale)
         self._act(names, f"{self.backend.name}_{resp.op.name}")
+        # a backend that reduces parts scales them too (hora's own: backends.native)
         own = self.backend.allreduce_parts  # type: ignore[attr-defined]
-        if getattr(self.backend, "scales_result", False):
-            own(comm, flats, req.dtype, op, post=post)
-        else:
-            own(comm, flats, req.dtype, op)
-            for f in flats:
-                scale(f, req.dtype, post)
+        own(comm, flats, req.dtype, op, post=post)
         self._act(names, None)
         return [f.reshape(s.request.shape) for f, s in zip(flats, resp.specs)]
 
@@ -271,16 +269,13 @@ class Executor:
         prescale, not Adasum), ``src`` into ``buf`` in the backend's one pass."""
         ops.scale(buf, dtype, pre)
         self._act(names, f"{self.backend.name}_{resp.op.name}")
-        kw: dict[str, Any] = {} if src is None else {"out": buf}
-        if (resp.op != OpType.ADASUM and ops is self.host
-                and getattr(self.backend, "scales_result", False)):
-            kw["post"], post = post, 1.0  # in the reduction's pass where it can
         if resp.op == OpType.ADASUM:
             self.backend.adasum(comm, buf, dtype, segments)
-        elif src is not None:
-            self.backend.allreduce(comm, src, dtype, op, **kw)
         else:
-            self.backend.allreduce(comm, buf, dtype, op, **kw)
+            kw: dict[str, Any] = {} if src is None else {"out": buf}
+            if self._scales and ops is self.host:  # in the reduction's pass where it can
+                kw["post"], post = post, 1.0
+            self.backend.allreduce(comm, buf if src is None else src, dtype, op, **kw)
         self._act(names, None)
         ops.scale(buf, dtype, post)
 

@@ -267,6 +267,7 @@ def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any) -> Any:
     import torch.distributed as dist
 
     from hora.core.runtime import runtime
+    from hora.launch.local import interfaces
 
     where: tuple[str, int] = ("127.0.0.1", 0)
     transport = runtime().engine.members[0].comm.transport
@@ -278,7 +279,7 @@ def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any) -> Any:
     addr, port = hvd.broadcast_object(where, 0, name="lab.ddp_address")
     # Gloo's pairs take the address the host name resolves to (often 127.0.0.1): across
     # hosts, the interface hora's own connections use instead, unless the user named one
-    iface = _interface_of(mine)
+    iface = next((name for name, addrs in interfaces().items() if mine in addrs), None)
     if iface is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
     cuda = device.type == "cuda"
@@ -288,13 +289,3 @@ def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any) -> Any:
         model, device_ids=[device.index] if cuda else None
     )
 
-
-def _interface_of(address: str) -> str | None:
-    """The network interface whose IPv4 address is ``address``, or None."""
-    from hora.transport.tcp.transport import interface_address
-
-    for _, name in socket.if_nameindex():
-        with contextlib.suppress(OSError, ValueError):
-            if interface_address(name) == address:
-                return name
-    return None
