@@ -5,8 +5,10 @@ Horovod installation is never hidden."""
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import venv
 from pathlib import Path
@@ -142,15 +144,22 @@ def test_environment_variable_in_processes_hora_run_does_not_start(tmp_path) -> 
     """An installed hora reads HORA_AS_HOROVOD at interpreter start (hora-as-horovod.pth), so a
     Spark or Ray worker's `import horovod.torch` gives hora's; without it nothing changes."""
     target = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(target)
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(target)
     python = str(target / "bin" / "python")
+    # torch and numpy from this interpreter's environment, after the venv's own packages (a
+    # plain path: the .pth files there, such as the checkout's editable hora, are not read)
+    own = sysconfig.get_path("purelib", vars={"base": str(target), "platbase": str(target)})
+    (Path(own) / "deps-of-the-test.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     copy = tmp_path / "hora-src"  # what a source distribution holds, without the checkout
     copy.mkdir()
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "src"):
         subprocess.run(["cp", "-r", str(ROOT / name), str(copy / name)], check=True)
+    # Built as a user's `pip install` builds it: in an isolated environment holding what
+    # pyproject.toml's [build-system] asks for. The base interpreter's own setuptools (old, and
+    # without `wheel`, on a stock pyenv Python 3.11) must play no part.
     done = subprocess.run(
         [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
-         "--no-build-isolation", str(copy)],
+         str(copy)],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     if done.returncode != 0 and "no such option: --python" in done.stderr:

@@ -236,3 +236,46 @@ def test_a_venv_made_earlier_without_pip_is_kept_and_given_pip(tmp_path) -> None
     has_pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert has_pip.returncode == 0, has_pip.stderr
+
+
+def test_hora_builds_with_what_the_project_asks_for_not_the_interpreters_setuptools(
+    tmp_path,
+) -> None:
+    """The README commands' step that installs hora itself (`pip install -e .[...]`, taken from
+    scripts/install.sh's dry run), run for real into an environment as a stock interpreter
+    makes it: setuptools old (Python 3.11's ensurepip gives 65.5, which cannot build a wheel
+    without the `wheel` package) or absent (3.12 on), and no `wheel`. The build must take what
+    pyproject.toml's [build-system] asks for, not what the interpreter happens to have."""
+    target = tmp_path / "bare"
+    subprocess.run([str(_base_python()), "-m", "venv", str(target)], check=True, timeout=180)
+    python = str(target / "bin" / "python")
+    tools = subprocess.run(
+        [python, "-c", "import importlib.metadata as m\n"
+         "for name in ('setuptools', 'wheel'):\n"
+         "    try: print(name, m.version(name))\n"
+         "    except m.PackageNotFoundError: print(name, '-')"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    found = dict(ln.split() for ln in tools.stdout.splitlines())
+    assert found["wheel"] == "-", tools.stdout
+    setuptools = found["setuptools"]
+    assert setuptools == "-" or tuple(map(int, setuptools.split(".")[:2])) < (70, 1), (
+        f"this interpreter's venv brings setuptools {setuptools}, which builds wheels by itself:"
+        " the test needs one that cannot"
+    )
+
+    plan = _install(_env(PYTHON=python, HORA_INSTALL_DRY_RUN="1"))
+    assert plan.returncode == 0, plan.stderr
+    step = next(c for c in _commands(plan) if " -e ." in c)
+    assert step.startswith(f"{python} -m pip install "), step
+    # hora alone: its dependencies are other packages' business (and would download torch)
+    done = subprocess.run([*step.split(), "--no-deps"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=_env())  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    where = subprocess.run(
+        [python, "-c", "from importlib.util import find_spec as f\n"
+         "print(f('hora').origin, f('hora_torch_plugin') is not None)"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.split() == [str(ROOT / "src" / "hora" / "__init__.py"), "True"]

@@ -58,6 +58,8 @@ class Runtime:
         self.settings = settings
         self.server: Any = None if mpi_job is None else mpi_job.server
         self.store: Any = None
+        self.prefix = f"hora/{generation}"  # the job's keys in the store, this generation's
+        self.p2p: Any = None  # point-to-point messages (core/p2p.py), made on first use
         transport = None
         if not identity.is_single:
             transport = self._connect(identity, settings, generation)
@@ -137,6 +139,8 @@ class Runtime:
 
     def close(self, how: str | None = None) -> None:
         self.engine.shutdown(how=how)
+        if self.p2p is not None:
+            self.p2p.close(self.engine.cause or how or "")
         if self.store is not None:
             self.store.close()
         if self.server is not None:
@@ -467,7 +471,7 @@ def _core_each(ident: Identity, cores: list[int] | None) -> bool:
 def _share_threads(ident: Identity, cores: list[int] | None) -> int | None:
     """Give each local rank's thread pools its share of the host's cores when the user set no
     ``OMP_NUM_THREADS`` (torchrun sets it to 1; a share uses the cores a host has to spare),
-    said once per host. Returns the most threads any registered pool runs, None when no pool
+    said once per host at log level info (``HOROVOD_LOG_LEVEL=info`` shows it). Returns the most threads any registered pool runs, None when no pool
     is registered."""
     global _said_threads
     if cores:
@@ -480,7 +484,8 @@ def _share_threads(ident: Identity, cores: list[int] | None) -> int | None:
     if any(set_here for _, set_here in answers) and ident.local_rank == 0 \
             and ident.local_size > 1 and not _said_threads:  # fmt: skip
         _said_threads = True
-        log.warning(
+        # information, not a warning: hora chose the share and nothing needs fixing
+        log.info(
             "OMP_NUM_THREADS is not set: each of the %d ranks on this host runs %d intra-op "
             "thread(s), its share of %s. Set OMP_NUM_THREADS (or call torch.set_num_threads() "
             "before hvd.init()) to choose.", ident.local_size, share,

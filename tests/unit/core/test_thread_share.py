@@ -45,9 +45,9 @@ def _threads(rank: int, omp: str | None, user_threads: int | None) -> dict[str, 
         hvd.shutdown()
 
 
-def _run(omp: str | None, user_threads: int | None, bind: str) -> list[Any]:
+def _run(omp: str | None, user_threads: int | None, bind: str, level: str = "info") -> list[Any]:
     results = spawn_ranks(_threads, 2, args=(omp, user_threads), timeout=90,
-                          env={"HORA_CPU_BIND": bind})  # fmt: skip
+                          env={"HORA_CPU_BIND": bind, "HOROVOD_LOG_LEVEL": level})  # fmt: skip
     for r in results:
         assert r.ok, f"rank {r.rank}: {r.status}\n{r.stderr[-3000:]}"
         assert r.value["sum"] == [2.0, 2.0, 2.0]
@@ -65,6 +65,13 @@ def test_unset_threads_become_each_ranks_share_said_once() -> None:
     assert first.value["cores"] == second.value["cores"] == CORES  # HORA_CPU_BIND=none
     assert SAID in first.stderr and first.stderr.count(SAID) == 1
     assert SAID not in second.stderr  # local rank 0 says it for the host
+
+
+@pytest.mark.timeout(120)
+def test_the_share_is_information_not_a_warning_at_the_default_log_level() -> None:
+    for r in _run(None, None, "none", level="warning"):  # hora's default level
+        assert r.value["after"] == 1  # the share is still taken
+        assert "OMP_NUM_THREADS" not in r.stderr and "WARNING" not in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(120)
