@@ -15,6 +15,7 @@ import torch
 from hora.backends.gloo import GlooBackend
 from hora.backends.nccl import NcclBackend
 from hora.backends.registry import BackendContext
+from hora.torch.device import FakeCudaRuntime
 
 # the real-GPU twins of the tests that run on these fakes skip, saying why, where there is none
 GPU = torch.cuda.is_available()
@@ -60,6 +61,20 @@ class FakeStreams:
         setattr_(torch.cuda, "current_stream", self.current_stream)
         setattr_(torch.cuda, "Event", self.Event)
         setattr_(torch.cuda, "stream", self.stream)
+
+
+class FakeCudaOnlyRuntime(FakeCudaRuntime):
+    """A fake of hora's CUDA runtime as it meets a tensor that is not a CUDA one: it has no
+    streams for it, and ``current_stream`` of such a device raises ValueError, as
+    ``torch.cuda.current_stream(torch.device("cpu"))`` does on a GPU machine."""
+
+    def serves(self, device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    def current_stream(self, device: torch.device) -> Any:
+        if device.type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        return super().current_stream(device)
 
 
 class FakeStream:

@@ -189,11 +189,14 @@ def stage_direct(tensor: torch.Tensor, rt: DeviceRuntime | None) -> Staged:
     """A tensor on the job's device handed to the engine as it is: no copy unless it is not
     contiguous (the copy runs on the caller's stream). With ``rt``, an event on the caller's
     stream marks its work on the tensor so far; the engine's stream waits on it (``ready()``,
-    called by the engine through ``engine_waits``). Caller's thread."""
+    called by the engine through ``engine_waits``). A tensor without streams in ``rt`` (a CPU
+    tensor with the CUDA runtime) needs no event. Caller's thread."""
     own = tensor.detach()
     src = own.contiguous().resolve_conj().resolve_neg()
     copied = src.data_ptr() != own.data_ptr()
     user = event = None
+    if rt is not None and not rt.serves(tensor.device):
+        rt = None
     if rt is not None:
         user = rt.current_stream(tensor.device)
         event = rt.record_event(user)

@@ -30,6 +30,9 @@ import torch
 class DeviceRuntime(Protocol):
     """Stream, event and copy primitives for one kind of device. Streams and events are opaque."""
 
+    def serves(self, device: torch.device) -> bool:
+        """Whether ``device``'s tensors have streams here (a CPU tensor has none on CUDA)."""
+
     def current_stream(self, device: torch.device) -> Any:
         """The calling thread's current stream on ``device``."""
 
@@ -71,6 +74,9 @@ class CudaRuntime:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._copy_streams: dict[torch.device, Any] = {}
+
+    def serves(self, device: torch.device) -> bool:
+        return device.type == "cuda"
 
     def current_stream(self, device: torch.device) -> Any:
         return torch.cuda.current_stream(device)
@@ -168,6 +174,9 @@ class FakeCudaRuntime:
         self.streams: dict[str, FakeStream] = {}
         self._current: dict[int, FakeStream] = {}  # thread id -> its current stream
         self.pinned: list[torch.Tensor] = []
+
+    def serves(self, device: torch.device) -> bool:
+        return True  # its "device" tensors are CPU tensors
 
     # streams
     def stream(self, name: str) -> FakeStream:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from cuda_fakes import cuda_only
+from cuda_fakes import FakeCudaOnlyRuntime, cuda_only
 from hora.core.buffers import DeviceArray
 from hora.frameworks.submit import _array
 from hora.torch import adapter
@@ -95,6 +95,25 @@ def test_stage_hands_over_tensors_of_the_jobs_device_only(monkeypatch: pytest.Mo
     assert data is s.array.data and name == "bfloat16" and user == torch.bfloat16
     monkeypatch.setattr(adapter, "direct_device", lambda: torch.device("meta"))
     assert not stage(t).direct  # a tensor elsewhere is staged as before
+
+
+def test_a_direct_cpu_tensor_takes_no_cuda_stream_where_the_runtime_is_cuda(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The job's direct device is the CPU (the NCCL backend's stand-in on CPU) while the
+    process has the CUDA runtime (a GPU machine): a CPU tensor has no stream to record on, so
+    it is handed over without one, and handed back without one (the CUDA runtime faked as it
+    treats a CPU device: cuda_fakes.FakeCudaOnlyRuntime)."""
+    fake = FakeCudaOnlyRuntime()
+    monkeypatch.setattr(adapter._device, "runtime", lambda: fake)
+    monkeypatch.setattr(adapter, "direct_device", lambda: torch.device("cpu"))
+    t = torch.arange(4.0)
+    s = stage(t)
+    assert s.direct and s.runtime is None and s.event is None and s.stream is None
+    s.ready()
+    assert write_back(s, s.array.data) is t
+    new = torch.ones(4)
+    assert to_tensor(new, t) is new
+    assert fake.log == []  # no stream, event or copy was asked of the CUDA runtime
 
 
 
