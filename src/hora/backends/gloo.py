@@ -103,7 +103,12 @@ def _lower_loop_priority(before: set[int], wait: float = 1.0) -> None:
 class StoreAdapter(dist.Store):
     """hora's rendezvous store seen by torch.distributed, under a key prefix.
 
-    Called by torch during process-group creation, in the thread that creates the group.
+    Called by torch in the thread that creates a group and, later, wherever the group needs it:
+    NCCL at its first collective and from its watchdog thread, Gloo at its first op under
+    ``TORCH_GLOO_LAZY_INIT=1``. The group holds only the C++ half of this object, so whoever
+    hands one to a group must keep the Python object as long as the group lives (the backends
+    do: :meth:`GlooBackend._store`); once collected, its methods are gone and the group's next
+    use of it fails with "Tried to call pure virtual function ::c10d::Store::...".
     """
 
     def __init__(self, client: Any, prefix: str) -> None:
@@ -148,6 +153,8 @@ class GlooBackend:
         self._groups: dict[int, Any] = {}
         self._registered = 0  # sets registered so far: the same count on every rank
         self._keys: dict[int, str] = {}  # each set's store prefix
+        # every store handed to a group of each set, held as long as the set's groups live
+        self._stores: dict[int, list[Any]] = {}
 
     # -- process sets -----------------------------------------------------------------------
     def add_process_set(self, ps_id: int, ranks: list[int]) -> None:
@@ -161,10 +168,11 @@ class GlooBackend:
 
     def _store(self, ps_id: int, suffix: str = "") -> Any:
         """The store for a group of the process set ``ps_id`` (its own key prefix, plus
-        ``suffix`` for more groups of the same set)."""
-        if self._client is None:
-            return dist.HashStore()
-        return StoreAdapter(self._client, self._keys[ps_id] + suffix)
+        ``suffix`` for more groups of the same set), held until the set is removed."""
+        store = (dist.HashStore() if self._client is None
+                 else StoreAdapter(self._client, self._keys[ps_id] + suffix))  # fmt: skip
+        self._stores.setdefault(ps_id, []).append(store)
+        return store
 
     def _make_group(self, store: Any, rank: int, size: int) -> Any:
         before = set(_thread_names())  # the device starts the loop thread, the group others
@@ -177,10 +185,12 @@ class GlooBackend:
         return group
 
     def remove_process_set(self, ps_id: int, ranks: list[int]) -> None:
-        self._groups.pop(ps_id, None)
+        self._groups.pop(ps_id, None)  # the groups go first, then the stores they used
+        self._stores.pop(ps_id, None)
 
     def close(self) -> None:
         self._groups.clear()
+        self._stores.clear()
 
     # -- collectives ------------------------------------------------------------------------
     def allreduce(self, comm: SetComm, buf: np.ndarray, dtype: str, op: int) -> None:

@@ -214,10 +214,14 @@ class NcclBackend(GlooBackend):
             )
         return self._levels[ps]
 
+    def close(self) -> None:
+        self._levels = None  # the groups before the stores they use (super's)
+        super().close()
+
     def remove_process_set(self, ps_id: int, ranks: list[int]) -> None:
-        super().remove_process_set(ps_id, ranks)
-        if self._levels is not None:
+        if self._levels is not None:  # the groups before the stores they use (super's)
             self._levels.pop(ps_id, None)
+        super().remove_process_set(ps_id, ranks)
 
     def _make_group(self, store: Any, rank: int, size: int) -> Any:
         opts = dist.ProcessGroupNCCL.Options()

@@ -471,8 +471,8 @@ def _core_each(ident: Identity, cores: list[int] | None) -> bool:
 def _share_threads(ident: Identity, cores: list[int] | None) -> int | None:
     """Give each local rank's thread pools its share of the host's cores when the user set no
     ``OMP_NUM_THREADS`` (torchrun sets it to 1; a share uses the cores a host has to spare),
-    said once per host at log level info (``HOROVOD_LOG_LEVEL=info`` shows it). Returns the most threads any registered pool runs, None when no pool
-    is registered."""
+    said once per host at log level info (``HOROVOD_LOG_LEVEL=info`` shows it). Returns the
+    most threads any registered pool runs, None when no pool is registered."""
     global _said_threads
     if cores:
         share = max(1, len(cores) // ident.local_size)

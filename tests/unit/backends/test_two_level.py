@@ -5,6 +5,7 @@ of two ranks."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -133,3 +134,35 @@ def test_the_nccl_backend_reduces_inside_each_host_then_across(
     results = run_threads(4, rank, timeout=30)
     want = [float(4 * i + 6) for i in range(9)]
     assert results == [(want, [False, True], 2 if knob else False)] * 4
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("knob", ["HOROVOD_HIERARCHICAL_ALLREDUCE", ""], ids=["two-level", "flat"])
+def test_the_nccl_backends_groups_outlive_gc_before_their_first_op(
+    store4: list[StoreClient], fake_cuda: FakeStreams, knob: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NCCL uses a group's store lazily, at its first op: the backend must hold every store it
+    gave a group for as long as that group lives. Gloo under ``TORCH_GLOO_LAZY_INIT=1`` stands
+    in for NCCL here (no GPU); the two-level groups are made at the first allreduce and used at
+    once, the flat group is made when the set is added and first used after a collection."""
+    monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "1")
+
+    def rank(r: int) -> Any:
+        me = Identity(rank=r, size=4, local_rank=r % 2, local_size=2, cross_rank=r // 2,
+                      cross_size=2)  # fmt: skip
+        env = {"HORA_GLOO_TIMEOUT_SECONDS": "10", **({knob: "1"} if knob else {})}
+        b = nccl_on_cpu(BackendContext(me, load(env), store4[r], "test", "test"), fake_cuda)
+        b.add_process_set(0, [0, 1, 2, 3])
+        gc.collect()
+        comm = SetComm([0, 1, 2, 3], r, TwoHosts(), 0)  # type: ignore[arg-type]
+        x = torch.arange(5, dtype=torch.float32) + r
+        b.allreduce(comm, x, "float32", SUM)
+        gc.collect()
+        b.allreduce(comm, x, "float32", SUM)
+        two_level = bool(b._levels and b._levels[0])
+        b.close()
+        return x.tolist(), two_level
+
+    results = run_threads(4, rank, timeout=30)
+    want = [4 * (4.0 * i + 6) for i in range(5)]
+    assert results == [(want, bool(knob))] * 4
