@@ -10,9 +10,9 @@ Every collective is submitted with ``hora.torch``'s async ops on the group's hor
 and returns a :class:`~hora.torch.distributed.work.HoraWork`. The ops run where hora runs them:
 negotiated and fused by the engine thread, over hora's transports, in hora's timeline.
 ``dist.new_group(ranks)`` becomes a hora process set (negotiated by every rank, as torch's
-``new_group`` is called by every rank). Calls hora has no counterpart for (point-to-point,
-gather, scatter, reduce to one root) raise ``NotImplementedError`` naming the call at once, on
-every rank that makes it, so none waits on a peer that gave up. Submission runs in the
+``new_group`` is called by every rank). ``gather``, ``scatter`` and ``reduce`` are hora's
+rooted ops (:mod:`~hora.torch.distributed.rooted`); ``send`` and ``recv`` hora's tagged
+messages beside the engine (:mod:`~hora.torch.distributed.p2p`). Submission runs in the
 caller's thread (the training thread, or DDP's autograd thread); completion in the engine
 thread.
 """
@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 import hora.torch as hvd
+from hora.torch.distributed import p2p, rooted
 from hora.torch.distributed.bootstrap import ensure_hora
 from hora.torch.distributed.work import HoraWork, backend_error
 
@@ -408,30 +409,29 @@ class HoraProcessGroup(dist.ProcessGroup):
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         self.barrier().wait()
 
-    # -- what hora does not do --------------------------------------------------------------
-    def _unsupported(self, call: str, instead: str) -> Any:
-        raise NotImplementedError(
-            f"hora backend: {call} is not supported (hora runs collectives every rank of a "
-            f"group joins); {instead}"
-        )
+    # -- rooted and point-to-point calls (rooted.py, p2p.py) ---------------------------------
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
+        return rooted.reduce(self, list(tensors), opts, _op(opts, "reduce"))
 
-    def send(self, *args: Any) -> Any:
-        return self._unsupported("send", "use a gloo group for point-to-point messages")
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any = None) -> HoraWork:  # fmt: skip
+        return rooted.gather(self, outputs, list(inputs), opts)
 
-    def recv(self, *args: Any) -> Any:
-        return self._unsupported("recv", "use a gloo group for point-to-point messages")
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                opts: Any = None) -> HoraWork:  # fmt: skip
+        return rooted.scatter(self, list(outputs), inputs, opts)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> HoraWork:
+        return p2p.send(self, list(tensors), dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> HoraWork:
+        return p2p.recv(self, list(tensors), src, tag)
 
     def recv_anysource(self, *args: Any) -> Any:
-        return self._unsupported("recv", "use a gloo group for point-to-point messages")
-
-    def gather(self, *args: Any) -> Any:
-        return self._unsupported("gather", "use all_gather and keep the root's result")
-
-    def scatter(self, *args: Any) -> Any:
-        return self._unsupported("scatter", "use broadcast or all_to_all")
-
-    def reduce(self, *args: Any) -> Any:
-        return self._unsupported("reduce", "use all_reduce and keep the root's result")
+        raise NotImplementedError(
+            "hora backend: recv without a source is not supported: hora matches a message "
+            "by its sender; pass src="
+        )
 
     # -- subgroups --------------------------------------------------------------------------
     def new_group(self, ranks: list[int], timeout: timedelta | None = None,

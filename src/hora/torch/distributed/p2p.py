@@ -1,0 +1,53 @@
+"""``send`` and ``recv`` of hora's process group: torch's point-to-point calls as hora's
+tagged messages (:mod:`hora.frameworks.p2p`), which travel beside the engine on connections of
+their own.
+
+A message matches a receive by sender, group and tag, in the order sent. A send's ``Work``
+completes when the receiver has taken the message; a receive of another dtype or size fails
+on both ranks naming both; a peer that dies fails both within seconds. Called from
+:class:`~hora.torch.distributed.group.HoraProcessGroup` in the caller's thread; results land
+in the receiving tensor from the mailbox's reader thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hora.frameworks import p2p
+from hora.torch.adapter import stage, write_back
+from hora.torch.distributed.work import HoraWork
+
+
+def _peer(group: Any, tensors: list[torch.Tensor], peer: int, call: str) -> int:
+    if len(tensors) != 1:
+        raise ValueError(f"hora backend: {call} takes one tensor, got {len(tensors)}")
+    if not 0 <= int(peer) < group.size():
+        raise ValueError(f"hora backend: {call}: rank {peer} is not a rank of a group of "
+                         f"{group.size()}")  # fmt: skip
+    return int(group._ranks[int(peer)])
+
+
+def send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int) -> HoraWork:
+    peer = _peer(group, tensors, dst, "send")
+    s = stage(tensors[0])
+
+    def start() -> list[Any]:
+        return [p2p.send_async(s.array, peer, tag=tag, process_set=group._set, dtype=s.dtype)]
+
+    return group._work("send", list(tensors), start)  # type: ignore[no-any-return]
+
+
+def recv(group: Any, tensors: list[torch.Tensor], src: int, tag: int) -> HoraWork:
+    peer = _peer(group, tensors, src, "recv")
+    s = stage(tensors[0])
+
+    def start() -> list[Any]:
+        return [p2p.recv_async(s.array, peer, tag=tag, process_set=group._set, dtype=s.dtype)]
+
+    def finish(results: list[Any]) -> None:
+        if s.copied or s.runtime is not None:  # received into a copy: hand it over
+            write_back(s, s.array)
+
+    return group._work("recv", list(tensors), start, finish)  # type: ignore[no-any-return]
