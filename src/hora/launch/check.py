@@ -157,7 +157,8 @@ def _mpi(run: _Run | None = None) -> Finding:
             "MPI",
             False,
             f"{MISSING}: mpi4py is not importable; install an MPI library (e.g. "
-            "apt-get install libopenmpi-dev openmpi-bin) and pip install 'hora[mpi]'",
+            "apt-get install openmpi-bin) and pip install 'hora[mpi]' (mpi4py's wheel "
+            "loads that library: nothing to compile)",
         )
     if _mpi_blocked():
         return _broken(
