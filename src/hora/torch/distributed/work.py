@@ -1,12 +1,16 @@
-"""The ``torch.distributed.Work`` that hora's process group returns for every collective.
+"""The ``torch.distributed.Work`` objects that hora's process group returns.
 
-A :class:`HoraWork` wraps the hora handles of one torch call. When the last handle completes
-(in hora's engine thread) it runs the call's finishing step (copying results into torch's
-output tensors), then completes its ``torch.futures.Future`` with the list of output tensors,
-as DDP's reducer and comm hooks expect; ``wait()`` blocks the caller until then. A failure of
-the engine (a peer lost, a mismatch between ranks, a stall) reaches both as
-``torch.distributed.DistBackendError`` naming the torch call. Thread-safe: the engine thread
+A :class:`HoraWork` (an asynchronous call: ``async_op=True``, DDP's buckets) wraps the hora
+handles of one torch call. When the last handle completes (in hora's engine thread) it runs
+the call's finishing step (copying results into torch's output tensors), then completes its
+``torch.futures.Future`` with the list of output tensors, as DDP's reducer and comm hooks
+expect; ``wait()`` blocks the caller until then. A failure of the engine (a peer lost, a
+mismatch between ranks, a stall) reaches both as ``torch.distributed.DistBackendError`` naming
+the torch call. Thread-safe: the engine thread
 completes, any user thread waits.
+
+A :class:`DoneWork` is a call that completed before it returned: a blocking call, which the
+group runs in the caller's thread (its failure raised there), needs no future, lock or callback.
 """
 
 from __future__ import annotations
@@ -144,3 +148,35 @@ class HoraWork(dist.Work):
     def __repr__(self) -> str:
         state = "done" if self._settled else "pending"
         return f"<HoraWork {self._call} {state}>"
+
+
+class DoneWork(dist.Work):
+    """A collective that completed in the caller's thread before the call returned."""
+
+    def __init__(self, call: str, outputs: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._call = call
+        self._outputs = outputs
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
+        future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+        future.set_result(self._outputs)
+        return future
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Exception | None:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+    def __repr__(self) -> str:
+        return f"<DoneWork {self._call}>"
