@@ -6,9 +6,13 @@ torch calls :func:`create` from ``init_process_group(backend="hora")`` (after
 subclass of ``torch.distributed.ProcessGroup`` that torch's C++ side (DDP's reducer, its
 parameter broadcast) calls through its trampoline as ``dist.*`` calls do from Python.
 
-Every collective is submitted with ``hora.torch``'s async ops on the group's hora process set
-and returns a :class:`~hora.torch.distributed.work.HoraWork`. The ops run where hora runs them:
-negotiated and fused by the engine thread, over hora's transports, in hora's timeline.
+Every collective is submitted with ``hora.torch``'s async ops on the group's hora process set,
+named by :mod:`~hora.torch.distributed.names` so that a loop's ops are served from hora's
+response cache, and returns a :class:`~hora.torch.distributed.work.HoraWork`. A blocking call
+(``async_op=False``, torch's default) goes as hora.torch's blocking forms go: the caller's
+thread runs it where hora's direct mode lets it, waits, and returns a completed
+:class:`~hora.torch.distributed.work.DoneWork`. The ops run where hora runs them: negotiated
+and fused by the engine, over hora's transports, in hora's timeline.
 ``dist.new_group(ranks)`` becomes a hora process set (negotiated by every rank, as torch's
 ``new_group`` is called by every rank). ``gather``, ``scatter`` and ``reduce`` are hora's
 rooted ops (:mod:`~hora.torch.distributed.rooted`); ``send`` and ``recv`` hora's tagged
@@ -20,7 +24,6 @@ thread.
 from __future__ import annotations
 
 import sys
-import threading
 from datetime import timedelta
 from typing import Any
 
@@ -28,9 +31,11 @@ import torch
 import torch.distributed as dist
 
 import hora.torch as hvd
+from hora.frameworks.submit import caller_waits
 from hora.torch.distributed import p2p, rooted
 from hora.torch.distributed.bootstrap import ensure_hora
-from hora.torch.distributed.work import HoraWork, backend_error
+from hora.torch.distributed.names import CallNames
+from hora.torch.distributed.work import DoneWork, HoraWork, backend_error
 
 _R = dist.ReduceOp
 _OPS = {
@@ -60,62 +65,6 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().view(-1)
 
 
-_PERIOD_MAX = 512  # the longest pattern learnt; a longer one starts again (names stay bounded)
-
-
-class _Names:
-    """Names for a group's ops that repeat as a training loop repeats, so hora's response cache
-    serves them (an unnamed op is negotiated in full every time).
-
-    Every rank submits a group's collectives in the same order (torch asks it), so each rank
-    sees the same sequence of keys (call, reduce op, dtype, element count) and names each op by
-    its position in the pattern the sequence repeats: a key that continues the pattern takes
-    the next position, the pattern's first key starts it again, any other key extends it or,
-    mid-pattern, starts a new one. A DDP step's buckets thus get the same names step after
-    step. Ops that disagree between ranks (a shape mismatch) land on the same name, so hora's
-    mismatch check reports them. A name still in flight from an earlier op is waited for
-    before it is used again (that op was submitted by every rank before this one, so it
-    completes). Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._period: list[tuple[Any, ...]] = []
-        self._pos = 0
-        self._live: dict[str, HoraWork] = {}
-
-    def name(self, key: tuple[Any, ...]) -> str:
-        with self._lock:
-            period, pos = self._period, self._pos
-            if pos < len(period) and period[pos] == key:
-                idx = pos
-            elif period and period[0] == key:
-                idx = 0
-            elif pos == len(period) < _PERIOD_MAX:
-                period.append(key)
-                idx = pos
-            else:
-                self._period = [key]
-                idx = 0
-            self._pos = idx + 1
-            name = f"c10d.{idx}"
-            before = self._live.get(name)
-        if before is not None and threading.current_thread().name != "hora-engine":
-            before.wait_quietly()
-        return name
-
-    def reset(self) -> None:
-        """Forget the pattern: after a failed op (a mismatch) the ranks' patterns may differ,
-        and every rank sees the failure."""
-        with self._lock:
-            self._period, self._pos = [], 0
-
-    def track(self, names: list[str], work: HoraWork) -> None:
-        with self._lock:
-            for n in names:
-                self._live[n] = work
-
-
 def _key(call: str, tensors: list[torch.Tensor], *extra: Any) -> tuple[Any, ...]:
     return (call, *extra, *((t.dtype, t.numel()) for t in tensors))
 
@@ -131,7 +80,7 @@ class HoraProcessGroup(dist.ProcessGroup):
         self._size = size
         self._ranks = list(ranks)
         self._set = process_set
-        self._names = _Names()
+        self._names = CallNames()
         self._group_name = ""
         self._group_desc = "undefined"
 
@@ -171,30 +120,56 @@ class HoraProcessGroup(dist.ProcessGroup):
         return self._names.name(_key(call, tensors, *extra))
 
     def _work(self, call: str, outputs: list[torch.Tensor], start: Any, finish: Any = None,
-              names: list[str] | None = None) -> HoraWork:  # fmt: skip
+              names: list[str] | None = None, opts: Any = None) -> dist.Work:  # fmt: skip
         """Submit through ``start() -> [handles]`` (the ops named ``names``); a failure to
-        submit (bad input) raises at once as torch's error naming ``call``."""
+        submit (bad input) raises at once as torch's error naming ``call``. A blocking call
+        (``opts.asyncOp`` False: ``dist.all_reduce(t)``) on host tensors runs as hora.torch's
+        blocking forms do, in this thread where the engine lets it (no hand-off to the
+        engine's thread and back), and returns a :class:`DoneWork`; its failure raises here."""
+        blocking = (opts is not None and not opts.asyncOp
+                    and all(t.device.type == "cpu" for t in outputs))  # fmt: skip
         try:
-            handles = start()
+            if blocking:
+                with caller_waits():
+                    handles = start()
+            else:
+                handles = start()
         except (ValueError, TypeError, NotImplementedError) as e:
             raise type(e)(f"hora backend: {call}: {e}") from e
         except Exception as e:
             raise backend_error(call, e) from e
+        if blocking:
+            return self._finish_here(call, outputs, handles, finish, names)
         work = HoraWork(call, outputs, handles, finish, self._names.reset)
         if names:
             self._names.track(names, work)
         return work
 
+    def _finish_here(self, call: str, outputs: list[torch.Tensor], handles: list[Any],
+                     finish: Any, names: list[str] | None) -> DoneWork:  # fmt: skip
+        """A blocking call's end: wait for its handles in this thread, finish, raise."""
+        try:
+            results = [hvd.synchronize(h) for h in handles]
+            if finish is not None:
+                finish(results)
+        except BaseException as e:
+            self._names.reset()
+            raise backend_error(call, e) from e
+        if names:
+            self._names.untrack(names)  # an earlier op under these names is over too
+        return DoneWork(call, outputs)
+
     # -- reductions -------------------------------------------------------------------------
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _op(opts, "allreduce")
-        return self._allreduce("allreduce", list(tensors), op)
+        return self._allreduce("allreduce", list(tensors), op, opts)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _op(opts, "allreduce_coalesced")
-        return self._allreduce("allreduce_coalesced", list(tensors), op)
+        return self._allreduce("allreduce_coalesced", list(tensors), op, opts)
 
-    def _allreduce(self, call: str, tensors: list[torch.Tensor], op: int) -> HoraWork:
+    def _allreduce(self, call: str, tensors: list[torch.Tensor], op: int,
+                   opts: Any) -> dist.Work:  # fmt: skip
         name = self._name("allreduce", tensors, op)
 
         def start() -> list[Any]:
@@ -204,31 +179,32 @@ class HoraProcessGroup(dist.ProcessGroup):
             return [hvd.grouped_allreduce_async_(tensors, name=name, op=op,
                                                  process_set=self._set)]  # fmt: skip
 
-        return self._work(call, tensors, start, names=[name])
+        return self._work(call, tensors, start, names=[name], opts=opts)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
-                       opts: Any = None) -> HoraWork:  # fmt: skip
+                       opts: Any = None) -> dist.Work:  # fmt: skip
         call = "reduce_scatter"
         op = _op(opts, call)
         inputs = [torch.cat([_flat(t) for t in chunks]).view(self._size, -1)
                   for chunks in input_lists]  # fmt: skip
-        return self._reduce_scatter(call, list(outputs), inputs, op)
+        return self._reduce_scatter(call, list(outputs), inputs, op, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                              opts: Any = None) -> HoraWork:  # fmt: skip
+                              opts: Any = None) -> dist.Work:  # fmt: skip
         call = "reduce_scatter_tensor"
         op = _op(opts, call)
-        return self._reduce_scatter(call, [output], [self._rows(input, output, call)], op)
+        rows = [self._rows(input, output, call)]
+        return self._reduce_scatter(call, [output], rows, op, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor],
-                                        opts: Any = None) -> HoraWork:  # fmt: skip
+                                        opts: Any = None) -> dist.Work:  # fmt: skip
         call = "reduce_scatter_tensor_coalesced"
         op = _op(opts, call)
         rows = [self._rows(i, o, call) for o, i in zip(outputs, inputs)]
-        return self._reduce_scatter(call, list(outputs), rows, op)
+        return self._reduce_scatter(call, list(outputs), rows, op, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -242,7 +218,8 @@ class HoraProcessGroup(dist.ProcessGroup):
         return _flat(input).view(self._size, -1)
 
     def _reduce_scatter(self, call: str, outputs: list[torch.Tensor],
-                        inputs: list[torch.Tensor], op: int) -> HoraWork:  # fmt: skip
+                        inputs: list[torch.Tensor], op: int,
+                        opts: Any) -> dist.Work:  # fmt: skip
         name = self._name("reducescatter", inputs, op)
 
         def start() -> list[Any]:
@@ -257,10 +234,10 @@ class HoraProcessGroup(dist.ProcessGroup):
             for out, part in zip(outputs, parts):
                 out.copy_(part.view(out.shape))
 
-        return self._work(call, outputs, start, finish, [name])
+        return self._work(call, outputs, start, finish, [name], opts)
 
     # -- broadcast --------------------------------------------------------------------------
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> HoraWork:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         root = opts.rootRank if opts is not None else 0
         if not 0 <= root < self._size:
             raise ValueError(f"hora backend: broadcast: root rank {root} is not in the group "
@@ -274,19 +251,20 @@ class HoraProcessGroup(dist.ProcessGroup):
             lambda: [hvd.broadcast_async_(t, global_root, name=n, process_set=self._set)
                      for t, n in zip(tensors, names)],
             names=names,
+            opts=opts,
         )  # fmt: skip
 
     # -- gathers ----------------------------------------------------------------------------
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                  opts: Any = None) -> HoraWork:  # fmt: skip
-        return self._allgather("allgather", output_lists, list(inputs))
+                  opts: Any = None) -> dist.Work:  # fmt: skip
+        return self._allgather("allgather", output_lists, list(inputs), opts)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
-                            inputs: list[torch.Tensor], opts: Any = None) -> HoraWork:  # fmt: skip
-        return self._allgather("allgather_coalesced", output_lists, list(inputs))
+                            inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:  # fmt: skip
+        return self._allgather("allgather_coalesced", output_lists, list(inputs), opts)
 
     def _allgather(self, call: str, output_lists: list[list[torch.Tensor]],
-                   inputs: list[torch.Tensor]) -> HoraWork:  # fmt: skip
+                   inputs: list[torch.Tensor], opts: Any) -> dist.Work:  # fmt: skip
         for outs in output_lists:
             if len(outs) != self._size:
                 raise ValueError(f"hora backend: {call}: each output list must hold "
@@ -299,23 +277,24 @@ class HoraProcessGroup(dist.ProcessGroup):
                     out.copy_(chunks[i].view(out.shape))
 
         flat = [out for outs in output_lists for out in outs]
-        return self._gather(call, flat, [_flat(t) for t in inputs], finish)
+        return self._gather(call, flat, [_flat(t) for t in inputs], finish, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: Any = None) -> HoraWork:  # fmt: skip
-        return self._into("all_gather_into_tensor", [output], [input])
+                          opts: Any = None) -> dist.Work:  # fmt: skip
+        return self._into("all_gather_into_tensor", [output], [input], opts)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
                                     inputs: list[torch.Tensor],
-                                    opts: Any = None) -> HoraWork:  # fmt: skip
-        return self._into("all_gather_into_tensor_coalesced", list(outputs), list(inputs))
+                                    opts: Any = None) -> dist.Work:  # fmt: skip
+        return self._into("all_gather_into_tensor_coalesced", list(outputs), list(inputs),
+                          opts)  # fmt: skip
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def _into(self, call: str, outputs: list[torch.Tensor],
-              inputs: list[torch.Tensor]) -> HoraWork:  # fmt: skip
+              inputs: list[torch.Tensor], opts: Any) -> dist.Work:  # fmt: skip
         for o, i in zip(outputs, inputs):
             if o.numel() != i.numel() * self._size:
                 raise ValueError(
@@ -331,10 +310,10 @@ class HoraProcessGroup(dist.ProcessGroup):
                                      f"{out.numel()}: the ranks' inputs differ in size")
                 out.copy_(got.view(out.shape))
 
-        return self._gather(call, outputs, [_flat(t) for t in inputs], finish)
+        return self._gather(call, outputs, [_flat(t) for t in inputs], finish, opts)
 
     def _gather(self, call: str, outputs: list[torch.Tensor], flat: list[torch.Tensor],
-                finish: Any) -> HoraWork:  # fmt: skip
+                finish: Any, opts: Any) -> dist.Work:  # fmt: skip
         name = self._name("allgather", flat)
 
         def start() -> list[Any]:
@@ -345,11 +324,11 @@ class HoraProcessGroup(dist.ProcessGroup):
         def done(results: list[Any]) -> None:
             finish([results[0]] if len(flat) == 1 else list(results[0]))
 
-        return self._work(call, outputs, start, done, [name])
+        return self._work(call, outputs, start, done, [name], opts)
 
     # -- all-to-all -------------------------------------------------------------------------
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                 opts: Any = None) -> HoraWork:  # fmt: skip
+                 opts: Any = None) -> dist.Work:  # fmt: skip
         call = "all_to_all"
         if len(inputs) != self._size or len(outputs) != self._size:
             raise ValueError(f"hora backend: {call}: needs {self._size} input and output "
@@ -370,11 +349,12 @@ class HoraProcessGroup(dist.ProcessGroup):
             lambda: [hvd.alltoall_async(send, splits, name=name, process_set=self._set)],
             finish,
             [name],
+            opts,
         )
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: list[int], input_split_sizes: list[int],
-                          opts: Any = None) -> HoraWork:  # fmt: skip
+                          opts: Any = None) -> dist.Work:  # fmt: skip
         call = "all_to_all_single"
         splits = list(input_split_sizes) or None
         source = input.detach().contiguous()
@@ -394,17 +374,18 @@ class HoraProcessGroup(dist.ProcessGroup):
             lambda: [hvd.alltoall_async(source, splits, name=name, process_set=self._set)],
             finish,
             [name],
+            opts,
         )
 
     alltoall_base = all_to_all_single
 
     # -- control ----------------------------------------------------------------------------
-    def barrier(self, opts: Any = None) -> HoraWork:
+    def barrier(self, opts: Any = None) -> dist.Work:
         try:
             hvd.barrier(process_set=self._set)
         except Exception as e:
             raise backend_error("barrier", e) from e
-        return HoraWork("barrier", [])
+        return DoneWork("barrier", [])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         self.barrier().wait()
