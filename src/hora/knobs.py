@@ -95,6 +95,17 @@ KNOBS: tuple[Knob, ...] = (
         None,
     ),
     Knob(
+        "local_sets",
+        bool,
+        True,
+        "LOCAL_SETS",
+        "A process set of one (a world of one) runs its collectives in the caller's thread, "
+        "with no engine round; 0 sends them through the engine as a larger set's.",
+        None,
+        None,
+        None,
+    ),
+    Knob(
         "hierarchical_allreduce",
         bool,
         False,

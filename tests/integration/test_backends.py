@@ -205,7 +205,8 @@ def test_nccl_without_a_gpu_is_a_clear_error() -> None:
 @needs_gpu
 @pytest.mark.timeout(200)
 def test_nccl_battery_world_of_one() -> None:
-    (results,) = run_ranks(run_battery, 1, timeout=150, env={"HOROVOD_GPU_OPERATIONS": "nccl"})
+    env = {"HOROVOD_GPU_OPERATIONS": "nccl", "HORA_LOCAL_SETS": "0"}  # NCCL, not a set of one
+    (results,) = run_ranks(run_battery, 1, timeout=150, env=env)
     assert results and all(v == "ok" for v in results.values()), results
 
 
@@ -225,7 +226,10 @@ def _cuda_tensors(rank: int) -> dict[str, Any]:
 
 @needs_gpu
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("env", [{}, {"HOROVOD_GPU_OPERATIONS": "nccl"}], ids=["staged", "nccl"])
+@pytest.mark.parametrize("env", [{}, {"HOROVOD_GPU_OPERATIONS": "nccl"},
+                                 {"HORA_LOCAL_SETS": "0"},
+                                 {"HOROVOD_GPU_OPERATIONS": "nccl", "HORA_LOCAL_SETS": "0"}],
+                         ids=["staged", "nccl", "staged-engine", "nccl-engine"])  # fmt: skip
 def test_cuda_tensors_world_of_one(env: dict[str, str]) -> None:
     (out,) = run_ranks(_cuda_tensors, 1, timeout=90, env=env)
     assert out["device"].startswith("cuda")

@@ -88,7 +88,7 @@ def _arriving_torch(rank: int) -> dict[str, object]:
         fake_sync(event)  # type: ignore[arg-type]
 
     def stage(t: torch.Tensor, what: str = "tensor", runtime: object = None,
-              defer: bool = False) -> adapter.Staged:  # fmt: skip
+              defer: bool = False, alone: bool = False) -> adapter.Staged:  # fmt: skip
         s = adapter.stage_device(t, fake, defer)
         staged.append(s.event.id)
         return s

@@ -184,5 +184,6 @@ def test_device_tensors_go_through_the_engine_as_they_are() -> None:
 @cuda_only
 @pytest.mark.timeout(200)
 def test_cuda_tensors_go_through_nccl_as_they_are_on_a_gpu() -> None:
-    env = {"HOROVOD_GPU_OPERATIONS": "NCCL"}
+    # through the engine: a world of one runs its ops itself (tests/integration/test_world_of_one)
+    env = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HORA_LOCAL_SETS": "0"}
     _check(run_ranks(_device_ops, 1, args=("cuda",), timeout=150, env=env))

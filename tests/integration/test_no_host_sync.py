@@ -20,8 +20,9 @@ gradients must have gone through the engine's NCCL allreduce.
 
 At one rank the DistributedOptimizer reduces nothing (as Horovod's), so the rank hands it a copy
 of the global process set whose ``size()`` says two: it then takes its multi-rank path, every
-gradient through the engine and NCCL as with more GPUs, while the engine averages over the
-set's real size (one). NCCL takes one rank per GPU, so a one-GPU machine runs np=1.
+gradient through the engine (``HORA_LOCAL_SETS=0``: a set of one would run them itself) and
+NCCL as with more GPUs, while the engine averages over the set's real size (one). NCCL takes
+one rank per GPU, so a one-GPU machine runs np=1.
 
 Without a GPU the same steps run on CPU tensors standing in for the GPU's (the NCCL backend class
 over Gloo, torch.cuda's streams and hora.torch's stream runtime faked, as in
@@ -45,6 +46,8 @@ STEP, CONTROL = "hora.steady_step", "hora.control"
 SYNCS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 Event = tuple[str, float, float, int, str, str]  # name, start us, end us, thread, device, parents
+# a world of one runs its ops itself (hora.core.solo): these steps go through the engine
+THROUGH_ENGINE = {"HORA_LOCAL_SETS": "0"}
 # what torch's sync debug mode says of each synchronising call (c10/cuda's warn_or_error_on_sync);
 # turning the mode on also warns, once, that it is a prototype that "does not yet detect all
 # synchronizing operations": that notice is no synchronisation
@@ -291,7 +294,7 @@ def test_only_reports_of_synchronising_calls_count() -> None:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("check", ["sync_debug", "profiler"])
 def test_steady_state_training_on_the_fake_gpu_waits_on_no_host(check: str) -> None:
-    (out,) = run_ranks(_steady_state, 1, args=("fake", check), timeout=120)
+    (out,) = run_ranks(_steady_state, 1, args=("fake", check), timeout=120, env=THROUGH_ENGINE)
     _check_common(out)
     assert out["fake_log"] == [], out["fake_log"]  # no host wait, no pinned buffer
     assert out["calls"] and all(c.endswith(":tensor") for c in out["calls"]), out["calls"]
@@ -301,7 +304,7 @@ def test_steady_state_training_on_the_fake_gpu_waits_on_no_host(check: str) -> N
         assert out["steady_syncs"] == []
 
 
-NCCL_ENV = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HORA_LOG_LEVEL": "WARNING"}
+NCCL_ENV = {"HOROVOD_GPU_OPERATIONS": "NCCL", "HORA_LOG_LEVEL": "WARNING", **THROUGH_ENGINE}
 
 
 @pytest.mark.gpu

@@ -14,7 +14,8 @@ A framework binding hands such a buffer to the op surface wrapped in :class:`Dev
 its hora dtype name (``"float32"``, ``"bfloat16"``, ...): the op surface validates its shape and
 dtype as it does an array's and submits the buffer itself (``frameworks.submit``).
 
-Thread: ``DeviceArray`` is made in the caller's thread; ``BufferOps`` runs in the engine thread.
+Thread: ``DeviceArray`` is made in the caller's thread; ``BufferOps`` runs in the engine thread,
+or in the caller's for a process set of one (``hora.core.solo``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from hora.dtypes import storage_dtype
 
 class DeviceArray:
     """A device buffer handed to the op surface as it is, for a backend that takes device
-    buffers: ``data`` (contiguous, shaped as the tensor) and its hora dtype name."""
+    buffers: ``data`` (contiguous, shaped as the tensor) and its hora dtype name. ``ops``: the
+    :class:`BufferOps` of its device, for an op that runs outside the backend (a process set
+    of one: ``hora.core.solo``); None where the backend's ``buffer_ops`` serve it."""
 
-    __slots__ = ("data", "dtype")
+    __slots__ = ("data", "dtype", "ops")
 
-    def __init__(self, data: Any, dtype: str) -> None:
-        self.data, self.dtype = data, dtype
+    def __init__(self, data: Any, dtype: str, ops: BufferOps | None = None) -> None:
+        self.data, self.dtype, self.ops = data, dtype, ops
 
 
 class BufferOps(Protocol):

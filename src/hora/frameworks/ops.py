@@ -107,7 +107,8 @@ def _reduction(
     label = OpType.ALLREDUCE if kind == OpType.ADASUM else kind  # Adasum names as allreduce
     reqs, arrs, handle = _prepare(label, arrays, name, dtype, grouped, finalize, make, ps_id,
                                   reuse=(kind, op, prescale_factor, postscale_factor, priority))
-    return _submit(ps_id, reqs, arrs, _outputs(outputs, arrs, dtype, arrays), handle, grouped)
+    return _submit(ps_id, reqs, arrs, _outputs(outputs, arrs, dtype, arrays), handle, grouped,
+                   arrays)
 
 
 # -- the collectives ------------------------------------------------------------------------
@@ -249,7 +250,7 @@ def _gather(
         OpType.ALLGATHER, arrays, name, dtype, grouped, finalize, make, ps_id
     )
     arrs = [a.reshape(1) if a.ndim == 0 else a for a in arrs]
-    return _submit(ps_id, reqs, list(arrs), [None] * len(arrs), handle, grouped)
+    return _submit(ps_id, reqs, list(arrs), [None] * len(arrs), handle, grouped, arrays)
 
 
 def allgather_async(
@@ -301,7 +302,7 @@ def broadcast_async(
         OpType.BROADCAST, [array], name, dtype, False, finalize, make, ps_id
     )
     outs = _outputs(None if output is None else [output], arrs, dtype, [array])
-    return _submit(ps_id, reqs, list(arrs), outs, handle, False)
+    return _submit(ps_id, reqs, list(arrs), outs, handle, False, [array])
 
 
 def alltoall_async(
@@ -344,7 +345,7 @@ def alltoall_async(
     reqs, arrs, handle = _prepare(
         OpType.ALLTOALL, [array], name, dtype, False, finalize, make, ps_id, convert
     )
-    return _submit(ps_id, reqs, list(arrs), [None], handle, False)
+    return _submit(ps_id, reqs, list(arrs), [None], handle, False, [array])
 
 
 def _nonempty(arrays: Sequence[Any], what: str) -> None:

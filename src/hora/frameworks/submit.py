@@ -16,6 +16,7 @@ import numpy as np
 
 from hora.collectives.reduce_ops import ADASUM, AVERAGE, MAX, MIN, PRODUCT, SUM
 from hora.core import runtime as _rt
+from hora.core import solo
 from hora.core.buffers import DeviceArray
 from hora.core.executor import TensorEntry
 from hora.core.handles import Handle, HandleTable, Key, in_flight
@@ -111,9 +112,20 @@ def _submit(
     outputs: list[np.ndarray | None],
     handle: Handle,
     grouped: bool,
+    inputs: Sequence[Any] = (),
 ) -> Handle:
-    """Enqueue one request per tensor; the handle completes when all of them have."""
+    """Enqueue one request per tensor; the handle completes when all of them have. A set of
+    one runs them here and now instead (``hora.core.solo``; ``inputs``: the caller's arrays,
+    whose ``DeviceArray`` names the ops of its device)."""
     rt = _rt.runtime()
+    waits = getattr(_caller, "waits", False)
+    if solo.runs(rt, ps_id):
+        ready = getattr(_caller, "ready", None)
+        _caller.ready = None
+        solo.run(rt, requests, arrays, outputs, inputs, ready, handle, grouped)
+        if not waits:
+            _handles.add(handle)
+        return handle
     keys = [(ps_id, r.match) for r in requests]
     in_flight.claim(keys, [r.op for r in requests])
     entries = _entries(keys, requests, arrays, outputs, handle, grouped)
@@ -122,7 +134,6 @@ def _submit(
         _caller.ready = None
         for entry, wait in zip(entries, ready):
             entry.ready = wait
-    waits = getattr(_caller, "waits", False)
     if not waits:  # a blocking form's handle never reaches the user: no int for it
         _handles.add(handle)
     # a device copy still landing is the engine thread's to wait for, blocking form or not

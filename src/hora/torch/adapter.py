@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from hora.core import runtime as _rt
-from hora.core.buffers import DeviceArray
+from hora.core.buffers import BufferOps, DeviceArray
 from hora.errors import HoraInternalError, UnsupportedTypeError
 from hora.torch import device as _device
 from hora.torch.device import DeviceRuntime, PinnedPool
@@ -144,13 +144,18 @@ def stage(
     what: str = "tensor",
     runtime: DeviceRuntime | None = None,
     defer: bool = False,
+    alone: bool = False,
 ) -> Staged:
     """Expose ``tensor``'s data as a NumPy array: a view when possible, else a host copy.
 
     A CUDA tensor goes through pinned memory with ``runtime`` (default: the CUDA runtime); with
     ``defer`` the copy may still be in flight, and the reader must call ``ready()`` first.
+    ``alone``: the op runs in a process set of one (``hora.core.solo``), in this thread: a
+    tensor on a device stays there, handed over as it is with its device's buffer operations.
     """
     check_tensor(tensor, what)
+    if alone and not tensor.is_cpu:
+        return stage_direct(tensor, None, local_ops(tensor.device))
     direct = direct_device()
     if direct is not None and tensor.device == direct:
         return stage_direct(tensor, runtime or _device.runtime())
@@ -185,12 +190,14 @@ def direct_device() -> torch.device | None:
     return None if ops is None else ops.device  # type: ignore[no-any-return]
 
 
-def stage_direct(tensor: torch.Tensor, rt: DeviceRuntime | None) -> Staged:
+def stage_direct(tensor: torch.Tensor, rt: DeviceRuntime | None,
+                 ops: BufferOps | None = None) -> Staged:  # fmt: skip
     """A tensor on the job's device handed to the engine as it is: no copy unless it is not
     contiguous (the copy runs on the caller's stream). With ``rt``, an event on the caller's
     stream marks its work on the tensor so far; the engine's stream waits on it (``ready()``,
     called by the engine through ``engine_waits``). A tensor without streams in ``rt`` (a CPU
-    tensor with the CUDA runtime) needs no event. Caller's thread."""
+    tensor with the CUDA runtime) needs no event. ``ops``: its device's buffer operations, for
+    an op that runs in this thread (a set of one). Caller's thread."""
     own = tensor.detach()
     src = own.contiguous().resolve_conj().resolve_neg()
     copied = src.data_ptr() != own.data_ptr()
@@ -201,8 +208,26 @@ def stage_direct(tensor: torch.Tensor, rt: DeviceRuntime | None) -> Staged:
         user = rt.current_stream(tensor.device)
         event = rt.record_event(user)
         _remember_stream(tensor, user)
-    array = DeviceArray(src, _WIRE_NAMES[src.dtype])
+    array = DeviceArray(src, _WIRE_NAMES[src.dtype], ops)
     return Staged(tensor, array, None, copied, rt, user, event, None, True)
+
+
+_local_ops: dict[torch.device, BufferOps] = {}
+
+
+def local_ops(device: torch.device) -> BufferOps:
+    """The buffer operations on ``device``'s tensors for an op of a set of one: torch's own,
+    on the calling thread's current stream, scaling with the NCCL backend's rules (those of
+    ``reduce_ops.scale``). One per device, made on first use."""
+    ops = _local_ops.get(device)
+    if ops is None:
+        from hora.backends.nccl import DeviceBufferOps, scale_tensor
+
+        def scale(buf: torch.Tensor, factor: float, dtype: str) -> None:
+            scale_tensor(buf, dtype, factor)
+
+        ops = _local_ops.setdefault(device, DeviceBufferOps(device, scale))
+    return ops
 
 
 def _hand_back(rt: DeviceRuntime | None, user: Any, result: torch.Tensor, new: bool) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from hora import global_process_set
 from hora.core.process_sets import ProcessSet
+from hora.core.solo import alone
 from hora.errors import HoraInternalError
 from hora.frameworks import ops
 from hora.frameworks.ops import Adasum, Average, Handle, Max, Min, Product, Sum, reduce_op
@@ -54,17 +55,19 @@ def _new_each(staged: Sequence[Staged]) -> Callable[[list[np.ndarray]], list[tor
 
 
 def _stage_group(
-    tensors: Sequence[torch.Tensor], defer: bool = False
+    tensors: Sequence[torch.Tensor], process_set: ProcessSet, defer: bool = False
 ) -> tuple[list[Staged], list[np.ndarray], Any]:
-    """Stage a group; the arrays and the one ``dtype=`` override to pass for all of them
-    (``defer``: as :func:`stage`'s, the submission then goes under :func:`_waits`)."""
+    """Stage a group for ``process_set``; the arrays and the one ``dtype=`` override to pass
+    for all of them (``defer``: as :func:`stage`'s, the submission then goes under
+    :func:`_waits`)."""
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped operations need at least one tensor")
     devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
     if len(devices) > 1:
         raise ValueError(f"all tensors of a group must be on the same device, got {devices}")
-    staged = [stage(t, f"tensors[{i}]", defer=defer) for i, t in enumerate(tensors)]
+    one = alone(process_set)
+    staged = [stage(t, f"tensors[{i}]", defer=defer, alone=one) for i, t in enumerate(tensors)]
     overrides = {s.dtype for s in staged}
     if len(overrides) == 1:
         return staged, [s.array for s in staged], overrides.pop()
@@ -127,7 +130,7 @@ def allreduce_async(
 ) -> Handle:
     """Start reducing ``tensor`` over the set; the handle's result is a new tensor."""
     op = reduce_op(average, op)
-    s = stage(tensor, defer=True)
+    s = stage(tensor, defer=True, alone=alone(process_set))
     return _allreduce([s], [s.array], s.dtype, False, False, _new(tensor), name,
                       op, prescale_factor, postscale_factor, process_set,
                       priority)  # fmt: skip
@@ -146,7 +149,7 @@ def allreduce_async_(
 ) -> Handle:
     """Start reducing ``tensor`` in place; the handle's result is ``tensor`` itself."""
     op = reduce_op(average, op)
-    s = stage(tensor, defer=True)
+    s = stage(tensor, defer=True, alone=alone(process_set))
     return _allreduce([s], [s.array], s.dtype, False, True, lambda out: write_back(s, out),
                       name, op, prescale_factor, postscale_factor,
                       process_set, priority)  # fmt: skip
@@ -182,7 +185,7 @@ def grouped_allreduce_async(
 ) -> Handle:
     """Start reducing a list of tensors as one unit; the result is a list of new tensors."""
     op = reduce_op(average, op)
-    staged, arrays, dtype = _stage_group(tensors, defer=True)
+    staged, arrays, dtype = _stage_group(tensors, process_set, defer=True)
     return _allreduce(staged, arrays, dtype, True, False,
                       _new_each(staged), name,
                       op, prescale_factor, postscale_factor, process_set,
@@ -202,7 +205,7 @@ def grouped_allreduce_async_(
 ) -> Handle:
     """Start reducing a list of tensors in place; the result is the same list of tensors."""
     op = reduce_op(average, op)
-    staged, arrays, dtype = _stage_group(tensors, defer=True)
+    staged, arrays, dtype = _stage_group(tensors, process_set, defer=True)
     return _allreduce(staged, arrays, dtype, True, True,
                       lambda outs: [write_back(s, o) for s, o in zip(staged, outs)], name,
                       op, prescale_factor, postscale_factor, process_set,
@@ -266,7 +269,7 @@ def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> Handle:
     """Start concatenating every rank's ``tensor`` along dim 0 (dim 0 may differ per rank)."""
-    s = stage(tensor, defer=True)
+    s = stage(tensor, defer=True, alone=alone(process_set))
     with _waits([s]):
         return ops.allgather_async(
             s.array, name=name, process_set=process_set, dtype=s.dtype, finalize=_new(tensor)
@@ -278,7 +281,7 @@ def grouped_allgather_async(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle:
-    staged, arrays, dtype = _stage_group(tensors, defer=True)
+    staged, arrays, dtype = _stage_group(tensors, process_set, defer=True)
     with _waits(staged):
         return ops.grouped_allgather_async(
             arrays,
@@ -311,7 +314,7 @@ def broadcast_async_(
 
 def _broadcast(tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet,
                in_place: bool) -> Handle:  # fmt: skip
-    s = stage(tensor, defer=True)
+    s = stage(tensor, defer=True, alone=alone(process_set))
     with _waits([s]):
         return ops.broadcast_async(
             s.array,
@@ -343,7 +346,7 @@ def alltoall_async(
     """Start sending ``splits[i]`` rows to rank i; result: ``(output, received_splits)``."""
     if isinstance(splits, torch.Tensor):
         splits = splits.detach().cpu().numpy()
-    s = stage(tensor, defer=True)
+    s = stage(tensor, defer=True, alone=alone(process_set))
 
     def finalize(res: tuple[np.ndarray, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         received = torch.as_tensor(np.asarray(res[1], dtype=np.int32))
@@ -366,7 +369,7 @@ def reducescatter_async(
 ) -> Handle:
     """Start reducing ``tensor`` and keeping this rank's block of dim 0 (the first
     ``N % size`` ranks get one row more)."""
-    s = stage(tensor, defer=True)
+    s = stage(tensor, defer=True, alone=alone(process_set))
     with _waits([s]):
         return ops.reducescatter_async(
             s.array,
@@ -388,7 +391,7 @@ def grouped_reducescatter_async(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> Handle:
-    staged, arrays, dtype = _stage_group(tensors, defer=True)
+    staged, arrays, dtype = _stage_group(tensors, process_set, defer=True)
     with _waits(staged):
         return ops.grouped_reducescatter_async(
             arrays,

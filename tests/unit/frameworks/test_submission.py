@@ -1,6 +1,6 @@
-"""The op surface's submission in one process (a world of one): requests reused for a named op
-submitted again as before, results handed back as they are when nothing converts them, and
-blocking forms keeping their handles out of the int handle table."""
+"""The op surface's submission to the engine in one process (a world of one): requests reused
+for a named op submitted again as before, results handed back as they are when nothing
+converts them, and blocking forms keeping their handles out of the int handle table."""
 
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ from hora.frameworks import submit
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[None]:
-    hvd.init()
+    """A world of one whose ops go through the engine (a set of one runs them itself
+    otherwise: tests/integration/test_world_of_one.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HORA_LOCAL_SETS", "0")
+        hvd.init()
     yield
     hvd.shutdown()
 
