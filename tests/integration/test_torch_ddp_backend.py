@@ -405,5 +405,7 @@ def test_bench_ddp_runs_the_script_on_both_backends() -> None:
         assert got["backend"] == backend and got["np"] == 2
         assert got["train"]["mlp"]["img_per_s"] > 0
         assert [row["bytes"] for row in got["allreduce"]] == [4096]
+        # hora's own API on the same tensor, in the hora run only
+        assert ("api_p50_us" in got["allreduce"][0]) == (backend == "hora")
     text = render(result)
-    assert "mlp" in text and "4 KiB" in text and "hora/gloo" in text
+    assert "mlp" in text and "4 KiB" in text and "hora/gloo" in text and "hora/API" in text
