@@ -8,10 +8,11 @@ Models (``--model``), chosen to span compute/communication ratios:
   cnn       a small VGG-style CNN (4.2M parameters, 3x32x32 images): compute-heavy;
   mlp       a 3072-1024-64-10 perceptron (3.2M parameters, 3x32x32 images): communication-heavy;
   lstm      a 2-layer LSTM classifier over 64-token sequences (2.2M parameters).
-``--ddp`` runs the same loop under torch DistributedDataParallel (Gloo) instead of hora, for
-comparison in the same job: hora is then only used to agree on the Gloo rendezvous port and is
-shut down before timing starts. Rank 0 prints Horovod's lines (``Iter #i: X img/sec per CPU``,
-``Img/sec per CPU: m +-c``, ``Total img/sec on N CPU(s): ...``).
+``--ddp`` runs the same loop under torch DistributedDataParallel instead of hora, for
+comparison in the same job: on NCCL when the model trains on GPUs (the peer hora is compared
+with there), else on Gloo (``--ddp-backend`` chooses); hora is then only used to agree on the
+rendezvous port and is shut down before timing starts. Rank 0 prints Horovod's lines
+(``Iter #i: X img/sec per CPU``, ``Img/sec per CPU: m +-c``, ``Total img/sec on N CPU(s): ...``).
 """
 
 from __future__ import annotations
@@ -80,7 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ddp",
         action="store_true",
         default=False,
-        help="use torch DistributedDataParallel (Gloo) instead of hora",
+        help="use torch DistributedDataParallel instead of hora (NCCL on GPUs, else Gloo)",
+    )
+    p.add_argument(
+        "--ddp-backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="torch.distributed backend of --ddp: auto is NCCL on GPUs, Gloo on CPUs",
     )
     return p.parse_args(argv)
 
@@ -194,11 +201,21 @@ MODELS = {
 
 
 # -- setup --------------------------------------------------------------------------------------
-def init_ddp() -> tuple[int, int]:
-    """Start torch.distributed (Gloo). The port comes from MASTER_PORT, or rank 0 picks a free
-    one and hora broadcasts it; hora is shut down before any timing."""
+def ddp_backend(choice: str, use_cuda: bool) -> str:
+    """The torch.distributed backend for --ddp: ``auto`` is NCCL on GPUs, Gloo on CPUs."""
+    if choice == "auto":
+        return "nccl" if use_cuda else "gloo"
+    if choice == "nccl" and not use_cuda:
+        raise SystemExit("--ddp-backend nccl needs the model on GPUs (drop --no-cuda)")
+    return choice
+
+
+def init_ddp(backend: str) -> tuple[int, int]:
+    """Start torch.distributed on ``backend``, on this rank's GPU for NCCL. The port comes
+    from MASTER_PORT, or rank 0 picks a free one and hora broadcasts it; hora is shut down
+    before any timing."""
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+    rank, size, local = hvd.rank(), hvd.size(), hvd.local_rank()
     if "MASTER_PORT" not in os.environ:
         port = 0
         if rank == 0:
@@ -208,16 +225,21 @@ def init_ddp() -> tuple[int, int]:
         os.environ["MASTER_PORT"] = str(hvd.broadcast_object(port, 0, name="ddp_port"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     hvd.shutdown()
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=size)
+    if backend == "nccl":  # NCCL takes the current device as this rank's
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    torch.distributed.init_process_group(backend, rank=rank, world_size=size)
     return rank, size
 
 
 def main(args: argparse.Namespace) -> None:
     use_cuda = not args.no_cuda and torch.cuda.is_available()
+    comm = "hora"
     if args.ddp:
         if args.use_adasum:
             raise SystemExit("--use-adasum is a hora option; it cannot be combined with --ddp")
-        rank, size = init_ddp()
+        backend = ddp_backend(args.ddp_backend, use_cuda)
+        comm = f"torch DDP ({'NCCL' if backend == 'nccl' else 'Gloo'})"
+        rank, size = init_ddp(backend)
     else:
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
@@ -235,7 +257,9 @@ def main(args: argparse.Namespace) -> None:
     lr_scaler = size if not args.use_adasum else 1
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * lr_scaler)
     if args.ddp:
-        model = nn.parallel.DistributedDataParallel(model)
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[torch.cuda.current_device()] if use_cuda else None
+        )
         if args.fp16_allreduce:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -266,7 +290,7 @@ def main(args: argparse.Namespace) -> None:
     log(f"Model: {args.model}")
     log(f"Batch size: {args.batch_size}")
     log(f"Number of {dev}s: {size}")
-    log(f"Communication: {'torch DDP (Gloo)' if args.ddp else 'hora'}")
+    log(f"Communication: {comm}")
     log("Running warmup...")
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
     log("Running benchmark...")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from hora.lab import envreport, gpu, report
+from hora.lab import envreport, gpu, moved, report
 from hora.lab.procs import (
     HORA_VARIANTS,
     BackendFailed,
@@ -134,9 +134,9 @@ class AllreduceBenchConfig:
             importlib.import_module("hora.lab.netns").check(self)
         if self.device not in DEVICE_BACKENDS:
             raise ValueError(f"--device {self.device!r}: choose from {', '.join(DEVICE_BACKENDS)}")
+        if self.np < 1:  # one: a world of one, each call's own cost (no link crossed)
+            raise ValueError(f"--np must be at least 1, got {self.np}")
         if self.device == "cuda":
-            if self.np < 1:
-                raise ValueError(f"--np must be at least 1, got {self.np}")
             if self.engine_cost:
                 raise ValueError(
                     "--engine-cost times hora's engine on host buffers: not with --device cuda"
@@ -146,8 +146,9 @@ class AllreduceBenchConfig:
                 raise ValueError(
                     f"--device cuda runs {', '.join(gpu.CUDA_BACKENDS)}, not {', '.join(wrong)}"
                 )
-        elif self.np < 2:
-            raise ValueError(f"--np must be at least 2 for an allreduce benchmark, got {self.np}")
+        if self.engine_cost and self.np < 2:
+            raise ValueError("--engine-cost times the engine against a backend's exchange: "
+                             "--np 2 or more")
         if self.iters is not None and self.iters < 1:
             raise ValueError(f"--iters must be at least 1, got {self.iters}")
         if self.repeat < 1:
@@ -175,6 +176,8 @@ class AllreduceBenchConfig:
             "small_warmup": warmup_iters(small),
             "resnet_iters": resnet,
             "resnet_warmup": warmup_iters(resnet),
+            # hora on host buffers: the bytes each rank moved per size (hora.lab.moved)
+            "moved": f"{out}.moved" if self.device == "cpu" and not self.netns else None,
         }
 
 
@@ -315,6 +318,7 @@ def run_allreduce_bench(
         meta["gpu"] = gpu.describe()
     rows: list[report.Row] = []
     skipped: dict[str, str] = {}
+    counts: dict[str, Any] = {}  # backend -> what each rank moved (hora.lab.moved)
 
     def on_row(row: report.Row) -> None:
         (done,) = report.with_bandwidth([row], config.np)
@@ -347,11 +351,17 @@ def run_allreduce_bench(
                 say(f"[{backend}{tag}] starting {config.np} workers")
                 try:
                     run = hosts.run_backend if hosts else run_backend
+                    label = backend + tag.replace(" #", ".")
                     found = run(backend, config, tmp, on_row, tag.replace(" #", "."))
                     rows += [{**row, "round": round_} for row in found]
+                    counted = moved.load(os.path.join(tmp, f"{label}.jsonl.moved"))
+                    if counted is not None:
+                        counts[backend] = counted
                 except BackendFailed as e:
                     skipped[backend] = f"failed: {e}"
                     say(f"[{backend}{tag}] failed: {e}")
+    if counts:
+        meta["moved"] = counts
     if hosts:
         meta.update(link_bytes=hosts.link_bytes, layouts=hosts.layouts)
     result = BenchResult(meta, report.with_bandwidth(report.best_of(rows), config.np), skipped)
@@ -398,6 +408,13 @@ def render(result: BenchResult) -> str:
             "per op (hora), back to back: CPU per call of rank 0's engine thread and calling "
             "thread",
             report.per_op_table(result.rows),
+        ]
+    for backend, counted in result.meta.get("moved", {}).items():
+        lines += [
+            "",
+            f"bytes moved per rank ({backend}, np={result.meta['np']}), counted: the most any rank "
+            "sent, received, copied and reduced, in buffers; a ring's 2(n-1)/n is the optimum",
+            moved.table(counted),
         ]
     if "link_rate" in result.meta:
         lines += netns.footer(result.meta)

@@ -23,6 +23,7 @@ from typing import Any
 
 from hora.lab import bench_plots, envreport, report
 from hora.lab.bench_results import Row, ScalingResult, config_key, derive
+from hora.lab.gpu_sampler import MIN_SAMPLES
 
 Table = tuple[list[str], list[list[str]]]
 RESULTS = "results.json"
@@ -38,7 +39,8 @@ CSV_COLUMNS = [
     "wall_s",
 ]  # fmt: skip
 # added to the CSV and the lab's tables only when a configuration's GPUs were sampled
-GPU_COLUMNS = ["device", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_mem_max_mib", "gpu_sampled"]
+GPU_COLUMNS = ["device", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_mem_max_mib", "gpu_samples",
+               "gpu_sampled"]
 
 
 def _ratio(value: float | None, digits: int = 2) -> str:
@@ -66,24 +68,41 @@ def _sampled(rows: Sequence[Row]) -> bool:
 
 def _gpu_cells(r: Row) -> list[str]:
     if "gpu_util_mean_pct" not in r:
-        return ["-", "-"]
+        return ["-", "-", "-"]
     return [
         f"{r['gpu_util_mean_pct']:.0f}% / {r['gpu_util_max_pct']:.0f}%",
+        _gpu_samples(r),
         f"{r['gpu_mem_max_mib']:.0f}",
     ]
+
+
+def _gpu_samples(r: Row) -> str:
+    """How many readings the utilisation rests on, and whether that is too few, or the whole
+    run's (the timed steps gave none)."""
+    n = r.get("gpu_samples")
+    if n is None:
+        return "-"
+    notes = (["whole run"] if r.get("gpu_sampled") == "whole run" else []) + (
+        ["too few"] if n < MIN_SAMPLES else [])  # fmt: skip
+    return f"{n}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _lab_table(rows: Sequence[Row]) -> Table:
     """The lab's headers and one line per row; GPU columns when a row was sampled."""
     if not _sampled(rows):
         return LAB_HEADERS, [_lab_row(r) for r in rows]
-    headers = [*LAB_HEADERS, "GPU util mean / max", "GPU memory max (MiB)"]
+    headers = [*LAB_HEADERS, "GPU util mean / max", "GPU util samples", "GPU memory max (MiB)"]
     return headers, [_lab_row(r) + _gpu_cells(r) for r in rows]
+
+
+def _backend(r: Row) -> str:
+    """A row's backend, with the one torch's DDP ran on: ``ddp (nccl)``."""
+    return f"{r['backend']} ({r['ddp_backend']})" if r.get("ddp_backend") else str(r["backend"])
 
 
 def _lab_row(r: Row) -> list[str]:
     return [
-        r["backend"],
+        _backend(r),
         str(r["servers"]),
         str(r["per_server"]),
         _step(r),
@@ -130,7 +149,7 @@ def model_table(rows: Sequence[Row], backends: Sequence[str] = ()) -> Table:
         top = max(r["np"] for r in mine)
         for r in _order([r for r in mine if r["np"] == top], backends):
             body.append([
-                model, f"{r['params'] / 1e6:.2f}", f"{r['grad_bytes'] / 1e6:.1f}", r["backend"],
+                model, f"{r['params'] / 1e6:.2f}", f"{r['grad_bytes'] / 1e6:.1f}", _backend(r),
                 f"{r['servers']}x{r['per_server']}",
                 f"{(r['compute_s'] + r['update_s']) * 1e3:.1f}", f"{r['wait_s'] * 1e3:.1f}",
                 f"{r['data_s'] * 1e3:.1f}", _percent(r["comm_share"]), _ratio(r["speedup"]),
@@ -156,7 +175,7 @@ def compare_table(a: ScalingResult, b: ScalingResult, fail_below: float = 0.0) -
         slow = ratio < fail_below
         below += slow
         body.append([
-            r["model"], r["backend"], str(r["servers"]), str(r["per_server"]), _step(r), _step(o),
+            r["model"], _backend(r), str(r["servers"]), str(r["per_server"]), _step(r), _step(o),
             f"{r['throughput']:.1f}", f"{o['throughput']:.1f}", f"{ratio:.3f}",
             "REGRESSION" if slow else "",
         ])  # fmt: skip
@@ -233,8 +252,9 @@ def _gpu_note(meta: dict[str, Any]) -> str:
     if meta.get("device") != "cuda":
         return ""
     return (
-        "; GPU util: this host's GPUs' utilisation (nvidia-smi/NVML, every 0.5 s) during the "
-        "timed steps, mean / max; GPU memory: the most one GPU held"
+        "; GPU util: this host's GPUs' utilisation (NVML every 50 ms, or nvidia-smi every "
+        "0.2 s) during the timed steps, mean / max, and how many readings it rests on "
+        f"(under {MIN_SAMPLES}: too few, run more --steps); GPU memory: the most one GPU held"
     )
 
 

@@ -65,6 +65,7 @@ def summarize(ranks: Sequence[dict[str, Any]], config: dict[str, Any]) -> Row:
         "params": ranks[0]["params"],
         "grad_bytes": ranks[0]["grad_bytes"],
         "backend_used": ranks[0]["backend"],
+        **({"ddp_backend": ranks[0]["ddp_backend"]} if "ddp_backend" in ranks[0] else {}),
     }
 
 

@@ -1,9 +1,13 @@
 """GPU utilisation and memory, sampled while a benchmark configuration runs.
 
-:class:`GpuSampler` polls this host's GPUs about every half second in a daemon thread: through
-NVML (``pynvml``) when it can be imported and initialised, else through
+:class:`GpuSampler` polls this host's GPUs in a daemon thread: through NVML (``pynvml``) every
+50 ms when it can be imported and initialised, else through
 ``nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader,nounits``
-(each call with a timeout). Without either it stays idle and :meth:`GpuSampler.stop` returns
+every 0.2 s (each call with a timeout; a call takes tens of milliseconds). A training step on a
+GPU can last 40 ms, and a short run's timed steps well under a second: sampled every half
+second, such a run gave its mean from one or two readings, or from the idle start-up, so the
+figure meant nothing. The summary says how many samples it rests on (``gpu_samples``), and the
+tables show it. Without either it stays idle and :meth:`GpuSampler.stop` returns
 None, so the callers add no GPU columns. ``indices`` restricts the summary to the GPUs a
 configuration uses (nvidia-smi's numbering); ``timed`` says whether the timed part of the run
 has begun: when it gives samples, only those count (start-up and warm-up leave the GPU idle and
@@ -38,6 +42,10 @@ QUERY = [
     "--format=csv,noheader,nounits",
 ]
 SOURCES = ("auto", "nvml", "nvidia-smi")
+# seconds between readings, by source (NVML is a library call; nvidia-smi a process each time)
+INTERVALS = {"nvml": 0.05, "nvidia-smi": 0.2}
+# fewer timed samples than this and the tables say the figure rests on too few
+MIN_SAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -116,11 +124,12 @@ class GpuSampler:
     def __init__(
         self,
         indices: Sequence[int] | None = None,
-        interval: float = 0.5,
+        interval: float | None = None,
         timed: Callable[[], bool] | None = None,
         source: str = "auto",
     ) -> None:
-        if interval <= 0:
+        """``interval``: seconds between readings; None: the source's (:data:`INTERVALS`)."""
+        if interval is not None and interval <= 0:
             raise ValueError(f"sampling interval must be positive seconds, got {interval}")
         self.indices = None if indices is None else list(indices)
         self.interval, self.timed, self.source = interval, timed, source
@@ -141,6 +150,7 @@ class GpuSampler:
         return self
 
     def _run(self, reader: _Smi | _Nvml) -> None:
+        interval = self.interval or INTERVALS[reader.name]
         while True:
             timed = self.timed() if self.timed is not None else True  # before the reading
             gpus = reader.read()
@@ -149,7 +159,7 @@ class GpuSampler:
             if gpus:
                 with self._lock:
                     self._samples.append(Sample(timed, gpus))
-            if self._stop.wait(self.interval):
+            if self._stop.wait(interval):
                 return
 
     def count(self) -> int:

@@ -388,7 +388,8 @@ def _share(value: float | None) -> str:
 def _done_line(row: Row, base: float | None) -> str:
     speedup = f", speedup {row['throughput'] / base:.2f}" if base else ""
     gpus = (
-        f", GPU {row['gpu_util_mean_pct']:.0f}% (max {row['gpu_util_max_pct']:.0f}%)"
+        f", GPU {row['gpu_util_mean_pct']:.0f}% (max {row['gpu_util_max_pct']:.0f}%, "
+        f"{row.get('gpu_samples', '?')} samples)"
         if "gpu_util_mean_pct" in row
         else ""
     )

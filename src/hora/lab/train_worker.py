@@ -245,6 +245,8 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
             "host": socket.gethostname(),
             "backend": "ddp" if spec.ddp else runtime().backend_name,
             "wait_measured": not spec.ddp,
+            # which torch.distributed backend DDP ran on (NCCL on GPUs, Gloo on CPUs)
+            **({"ddp_backend": _torch_backend()} if spec.ddp else {}),
             "params": sum(p.numel() for p in params),
             "grad_bytes": sum(p.numel() * p.element_size() for p in params),
             "torch_threads": torch.get_num_threads(),
@@ -258,6 +260,12 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
             if dist.is_initialized():
                 dist.destroy_process_group()
         hvd.shutdown()
+
+
+def _torch_backend() -> str:
+    import torch.distributed as dist
+
+    return str(dist.get_backend())
 
 
 def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any) -> Any:

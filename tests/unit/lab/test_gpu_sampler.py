@@ -256,7 +256,7 @@ def test_a_cuda_configuration_gets_the_sampled_gpu_columns(
     assert row["device"] == "cuda" and row["gpu_sampled"] == "timed steps"
     assert (row["gpu_util_mean_pct"], row["gpu_util_max_pct"]) == (70.0, 70.0)
     assert row["gpu_mem_max_mib"] == 3000.0
-    assert "GPU 70% (max 70%)" in scaling._done_line(row, None)
+    assert f"GPU 70% (max 70%, {row['gpu_samples']} samples)" in scaling._done_line(row, None)
     with pytest.raises(RuntimeError, match="nccl needs one GPU per process: 2 processes, 1 GPU"):
         scaling.run_configuration(config, "mlp", "nccl", Placement(1, 2), str(tmp_path), progress)
 
@@ -280,19 +280,31 @@ def test_gpu_columns_appear_only_when_a_gpu_was_sampled() -> None:
     )
     sampled = [
         _row("nccl", 1, device="cuda", gpu_util_mean_pct=91.4, gpu_util_max_pct=99.0,
-             gpu_mem_max_mib=5120.0, gpu_sampled="timed steps"),
+             gpu_mem_max_mib=5120.0, gpu_samples=24, gpu_sampled="timed steps"),
         _row("native", 1),
+        # a run whose timed steps were over before a reading: the figure rests on start-up too
+        _row("gloo", 2, device="cuda", gpu_util_mean_pct=4.0, gpu_util_max_pct=84.0,
+             gpu_mem_max_mib=900.0, gpu_samples=3, gpu_sampled="whole run"),
     ]  # fmt: skip
     headers, body = bench_report.intra_table(sampled, "cnn")
-    assert headers[-2:] == ["GPU util mean / max", "GPU memory max (MiB)"]
-    assert body[0][-2:] == ["91% / 99%", "5120"] and body[1][-2:] == ["-", "-"]
+    assert headers[-3:] == ["GPU util mean / max", "GPU util samples", "GPU memory max (MiB)"]
+    assert body[0][-3:] == ["91% / 99%", "24", "5120"] and body[1][-3:] == ["-", "-", "-"]
+    assert body[2][-3:] == ["4% / 84%", "3 (whole run, too few)", "900"]
     rows = list(csv.DictReader(io.StringIO(bench_report.to_csv(sampled))))
     assert rows[0]["gpu_util_mean_pct"] == "91.4" and rows[0]["gpu_sampled"] == "timed steps"
+    assert rows[0]["gpu_samples"] == "24"
     assert rows[1]["gpu_util_mean_pct"] == ""
     meta = {"device": "cuda", "gpu": "1 x NVIDIA Fake GPU", "steps": 5, "warmup": 1}
     assert "on CUDA (1 x NVIDIA Fake GPU)" in bench_report.headline(meta)
     assert "GPU util" in bench_report.headline(meta)
     assert "CUDA" not in bench_report.headline({"steps": 5})
+
+
+def test_a_ddp_row_names_the_torch_backend_it_ran_on() -> None:
+    """On GPUs DDP's fair peer runs on NCCL: the tables say which backend DDP used."""
+    rows = [_row("ddp", 1, ddp_backend="nccl"), _row("ddp", 2, ddp_backend="gloo")]
+    _, body = bench_report.intra_table(rows, "cnn")
+    assert [r[0] for r in body] == ["ddp (nccl)", "ddp (gloo)"]
 
 
 @NEEDS_GPU

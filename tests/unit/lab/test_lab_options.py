@@ -98,7 +98,8 @@ def test_options_become_a_config() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--np", "1"], "--np must be at least 2"),
+        (["--np", "0"], "--np must be at least 1"),
+        (["--np", "1", "--engine-cost"], "--np 2 or more"),
         (["--iters", "0"], "--iters must be at least 1"),
         (["--timeout", "0"], "--timeout must be positive"),
         (["--repeat", "0"], "--repeat must be at least 1"),

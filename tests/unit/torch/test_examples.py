@@ -38,6 +38,16 @@ def test_benchmark_flags_match_horovods():
     assert (args.num_batches_per_iter, args.num_iters, args.ddp) == (10, 10, False)
 
 
+def test_benchmark_ddp_runs_on_nccl_on_gpus_and_gloo_on_cpus():
+    bench = load("pytorch_synthetic_benchmark")
+    assert bench.parse_args(["--ddp"]).ddp_backend == "auto"
+    assert bench.ddp_backend("auto", use_cuda=True) == "nccl"  # the fair peer on GPUs
+    assert bench.ddp_backend("auto", use_cuda=False) == "gloo"
+    assert bench.ddp_backend("gloo", use_cuda=True) == "gloo"
+    with pytest.raises(SystemExit, match="needs the model on GPUs"):
+        bench.ddp_backend("nccl", use_cuda=False)
+
+
 def write_idx(path: Path, array: np.ndarray) -> None:
     header = bytes([0, 0, 8, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
     with gzip.open(path, "wb") as f:
