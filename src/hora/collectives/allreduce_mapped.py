@@ -27,6 +27,7 @@ import numpy as np
 
 from hora.collectives.base import Comm, offsets_of, split_even
 from hora.collectives.reduce_ops import Reducer
+from hora.transport import tally
 
 PIECE_BYTES = 256 << 10  # reduced, then written to the others, while in cache
 
@@ -69,6 +70,9 @@ def allreduce_staged(
         if j != me:
             a, b = bounds[j], bounds[j + 1]
             res[a:b] = mine[a:b]
+    # copied in whole, and the others' blocks out
+    own = (bounds[me + 1] - bounds[me]) * buf.itemsize
+    tally.counts[tally.MAPPED + tally.COPIED] += 2 * buf.nbytes - own
 
 
 def _reduce_block(
@@ -97,6 +101,11 @@ def _reduce_block(
             reduce(piece, v[a:b])
         for v in others:
             v[a:b] = piece
+    moved = (n - 1) * (bounds[me + 1] - bounds[me]) * acc.itemsize
+    counts = tally.counts  # read from every other member's buffer, written into each
+    counts[tally.MAPPED + tally.RECEIVED] += moved
+    counts[tally.MAPPED + tally.SENT] += moved
+    counts[tally.MAPPED + tally.COPIED] += moved
     return bounds
 
 

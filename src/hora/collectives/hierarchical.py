@@ -76,6 +76,18 @@ class HostLayout:
         return sorted(first.values())
 
     @property
+    def column(self) -> list[int] | None:
+        """The group ranks that are, on every host, what this rank is on its own (the same
+        place among their host's ranks), ascending; None unless every host holds as many."""
+        per_host: dict[int, list[int]] = {}
+        for i, h in enumerate(self.hosts):
+            per_host.setdefault(h, []).append(i)
+        if len({len(v) for v in per_host.values()}) != 1:
+            return None
+        at = per_host[self.hosts[self.rank]].index(self.rank)
+        return sorted(v[at] for v in per_host.values())
+
+    @property
     def multi_host(self) -> bool:
         return len(set(self.hosts)) > 1
 
@@ -243,11 +255,21 @@ def allreduce_direct(
         _allreduce_pair(pair, blocks[1 - me], blocks[me], reduce, scratch,
                         None if outs is None else (outs[1 - me], outs[me]))  # fmt: skip
         return
-    sends = _reduce_scatter(comm, blocks, reduce, scratch)
-    sends += [_isend(comm.pair((me + k) % n), blocks[me]) for k in range(1, n)]
+    _allgather(comm, blocks, _reduce_scatter(comm, blocks, reduce, scratch))
+
+
+def _allgather(comm: Comm, blocks: list[list[np.ndarray]], sends: list[Work | None]) -> None:
+    """Direct allgather of blocks cut by :func:`_cut`: this rank's block to every other rank,
+    theirs into place; then waits for ``sends`` (earlier ones) and its own."""
+    n, me = comm.size, comm.rank
+    sends = sends + [_isend(comm.pair((me + k) % n), blocks[me]) for k in range(1, n)]
     for k in range(1, n):
         j = (me - k) % n
         _recv(comm.pair(j), blocks[j], None)
+    _wait(sends)
+
+
+def _wait(sends: list[Work | None]) -> None:
     for work in sends:
         if work is not None:
             work.wait()
@@ -335,6 +357,11 @@ def _gathering(pair: Pair) -> Any:
     return pair
 
 
+def _flat(block: list[np.ndarray], like: np.ndarray) -> np.ndarray:
+    """A block of one buffer cut by :func:`_cut` as one array (empty when the block is)."""
+    return block[0] if block else like[:0]
+
+
 def _share(local: SubComm, buf: np.ndarray) -> None:
     """The leader (local rank 0) sends ``buf`` to every other rank of the host."""
     raw = as_bytes(buf)
@@ -355,26 +382,37 @@ def allreduce_hierarchical(
     *,
     scratch: np.ndarray | None = None,
 ) -> None:
-    """Reduce inside each host into its leader, allreduce across leaders, share inside hosts."""
+    """Reduce-scatter inside each host, allreduce each block across the hosts, allgather
+    inside each host.
+
+    Where every host holds as many of the group's ranks (``L``), the ranks at the same place
+    on every host allreduce the block they hold (:attr:`HostLayout.column`): each rank sends
+    and receives ``2 (n - 1) / n`` of the buffer, the bandwidth-optimal amount, and each host
+    sends ``2 (h - 1) / h`` of it across, as when one leader per host did. Otherwise the
+    host's leader gathers the blocks, allreduces the buffer with the other leaders and scatters
+    the blocks back before the allgather (the leader sends ``3 (L - 1) / L`` of the buffer
+    inside its host, not ``L - 1`` times all of it)."""
     check_buffer(buf, dtype)
     reduce = reducer(op, dtype)
     local = SubComm(comm, layout.local)
+    blocks = _cut([buf], local.size)
     if local.size > 1:
-        blocks = _cut([buf], local.size)
-        sends = _reduce_scatter(local, blocks, reduce, scratch)
+        _wait(_reduce_scatter(local, blocks, reduce, scratch))
+    column = layout.column
+    if column is not None:
+        across = SubComm(comm, column)
+        registry.allreduce(across, _flat(blocks[local.rank], buf), dtype, op, scratch=scratch)
+    else:
         if local.rank == 0:
             for j in range(1, local.size):
                 _recv(local.pair(j), blocks[j], None)
+            registry.allreduce(SubComm(comm, layout.leaders), buf, dtype, op, scratch=scratch)
+            _wait([_isend(local.pair(j), blocks[j]) for j in range(1, local.size)])
         else:
-            sends.append(_isend(local.pair(0), blocks[local.rank]))
-        for work in sends:
-            if work is not None:
-                work.wait()
-    if local.rank == 0:
-        leaders = SubComm(comm, layout.leaders)
-        registry.allreduce(leaders, buf, dtype, op, scratch=scratch)
+            _wait([_isend(local.pair(0), blocks[local.rank])])
+            _recv(local.pair(0), blocks[local.rank], None)
     if local.size > 1:
-        _share(local, buf)
+        _allgather(local, blocks, [])
 
 
 def allgatherv_hierarchical(

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from hora.dtypes import DTYPES, FLOATING, storage_dtype
+from hora.transport import tally
 
 AVERAGE = 0
 SUM = 1
@@ -111,11 +112,13 @@ def reducer(op: int, dtype: str) -> Reducer:
 
 
 _REDUCERS: dict[tuple[int, str], Reducer] = {}  # made once per (op, dtype), checked then
+_COUNTS, _REDUCED = tally.counts, tally.REDUCED  # every reducer counts what it folds in
 
 
 def _ufunc_reducer(ufunc: np.ufunc) -> Reducer:
     def reduce(acc: np.ndarray, incoming: np.ndarray, out: np.ndarray | None = None) -> None:
         ufunc(acc, incoming, out=acc if out is None else out)
+        _COUNTS[_REDUCED] += incoming.nbytes
 
     return reduce
 
@@ -125,6 +128,7 @@ def _bf16_reducer(ufunc: np.ufunc) -> Reducer:
         wide = bf16_to_f32(acc)
         ufunc(wide, bf16_to_f32(incoming), out=wide)
         f32_to_bf16(wide, out=acc if out is None else out)
+        _COUNTS[_REDUCED] += incoming.nbytes
 
     return reduce
 

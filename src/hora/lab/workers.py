@@ -193,6 +193,10 @@ def run_hora(plan: dict[str, Any]) -> None:
             return lambda: hvd.allreduce(x, op=hvd.Sum, output=x, name=name)
 
         measure_sizes(plan, rank, size, sink, make_call, hvd.barrier)
+        if plan.get("moved"):  # the bytes each rank moved per size (hora.lab.moved)
+            from hora.lab.moved import count_sizes
+
+            count_sizes(hvd, plan["sizes"], plan["moved"])
         if plan.get("layout"):  # where this rank's data went: hora.lab.netns reports it
             with open(f"{plan['layout']}.{rank}", "w") as f:
                 json.dump(hora_layout(hvd), f)

@@ -40,6 +40,7 @@ from functools import partial
 import numpy as np
 
 from hora.errors import TransportError
+from hora.transport import tally
 from hora.transport.base import MAX_MESSAGE, Buffer
 from hora.transport.lanes import Completion, Lane, join_thread
 from hora.transport.shm import cma
@@ -91,6 +92,13 @@ def _inline(total: int, views: list[memoryview]) -> list[bytes | memoryview]:
     into one piece when it has more parts than a system call takes)."""
     head = HEADER.pack(EAGER, 0, total, total, 0)
     return [head, *views] if len(views) < _MAX_IOV else [head, b"".join(views)]
+
+
+def _count(path: int, way: int, nbytes: int, copied: int) -> None:
+    """Count a frame's bytes (:mod:`hora.transport.tally`)."""
+    counts = tally.counts
+    counts[path + way] += nbytes
+    counts[path + tally.COPIED] += copied
 
 
 def as_bytes(arr: np.ndarray) -> memoryview:
@@ -154,8 +162,10 @@ class ShmPair:
         if self._closed or not self._sender.idle():
             return self._sender.submit(partial(self._send_blocking, views))
         if total <= EAGER_LIMIT:
+            _count(tally.INLINE, tally.SENT, total, total)
             return self._write_soon(_inline(total, views))
         if self._out.single_copy:
+            _count(tally.SINGLE_COPY, tally.SENT, total, 0)
             return self._pulled(views)
         return self._sender.submit(partial(self._send_blocking, views))
 
@@ -195,6 +205,8 @@ class ShmPair:
             or (dest is not None and (len(views) != 1 or dest.nbytes != total))
         ):
             return self.isend_parts(views), False
+        _count(tally.SINGLE_COPY, tally.SENT, total, 0)  # the peer reads it, then writes
+        _count(tally.SINGLE_COPY, tally.RECEIVED, total, 0)  # the result back into it
         return self._pulled(views, WRITE_BACK if dest is None else WRITE_APART, dest), True
 
     def send_msg(self, payload: bytes) -> None:
@@ -208,12 +220,15 @@ class ShmPair:
         """Send one data frame on this thread; return when the sender's buffers are free."""
         total = sum(v.nbytes for v in views)
         if total <= EAGER_LIMIT:
+            _count(tally.INLINE, tally.SENT, total, total)
             self._write(_inline(total, views))
         elif self._out.single_copy:
+            _count(tally.SINGLE_COPY, tally.SENT, total, 0)
             acked, head = self._announce(views)
             self._write(head)
             acked.wait()
         else:
+            _count(tally.STAGED, tally.SENT, total, total)
             staging = self._out.staging
             assert staging is not None
             offsets = offsets_of_parts([v.nbytes for v in views])
@@ -414,6 +429,10 @@ class ShmPair:
             self._read_exact(memoryview(raw))
             shift = DEST.unpack(raw)[0] - addr
         offsets = offsets_of_parts([v.nbytes for v in views])
+        path = {EAGER: tally.INLINE, STAGED: tally.STAGED}.get(kind, tally.SINGLE_COPY)
+        _count(path, tally.RECEIVED, total, 0 if kind == STAGED and fold else total)
+        if back:  # the reduced frame written back into the peer's memory
+            _count(path, tally.SENT, total, total)
         if kind == EAGER:
             if fold is None:
                 for view in views:

@@ -17,7 +17,8 @@ import threading
 from functools import partial
 
 from hora.errors import TransportError
-from hora.transport.base import CONTROL, MAX_MESSAGE, Buffer
+from hora.transport import tally
+from hora.transport.base import CONTROL, DATA, MAX_MESSAGE, Buffer
 from hora.transport.lanes import Completion, Lane
 from hora.transport.tcp.wire import (
     DATA_FRAME,
@@ -64,6 +65,7 @@ class TcpPair:
         self._error: TransportError | None = None
         self._sender = Lane(f"hora-tcp-send-{peer}-{channel}", self._closed_error)
         self._receiver = Lane(f"hora-tcp-recv-{peer}-{channel}", self._closed_error)
+        self._tally = tally.TCP if channel == DATA else tally.IGNORED  # data frames counted
 
     def __repr__(self) -> str:
         return f"TcpPair({self._what}, {'closed' if self._closed else 'open'})"
@@ -72,6 +74,7 @@ class TcpPair:
 
     def send(self, buf: Buffer) -> None:
         view = byte_view(buf)
+        self._count(view.nbytes, tally.SENT)
         self._sender.drain()
         self._send_data(view)
 
@@ -83,6 +86,7 @@ class TcpPair:
     def isend(self, buf: Buffer) -> Completion:
         """Send what the socket takes at once; the sender thread finishes the rest."""
         view = byte_view(buf)
+        self._count(view.nbytes, tally.SENT)
         if self._closed or not self._sender.idle():
             return self._sender.submit(partial(self._send_data, view))
         head = HEADER.pack(MAGIC, VERSION, DATA_FRAME, view.nbytes)
@@ -188,6 +192,14 @@ class TcpPair:
                 recv_exact_into(self._sock, view[got - HEADER.size :])
         except (OSError, EOFError) as e:
             raise self._fail(e) from e
+        self._count(view.nbytes, tally.RECEIVED)
+
+    def _count(self, nbytes: int, way: int) -> None:
+        """Count a data frame (:mod:`hora.transport.tally`): the kernel copies it once on
+        each side."""
+        counts = tally.counts
+        counts[self._tally + way] += nbytes
+        counts[self._tally + tally.COPIED] += nbytes
 
     def _read_header(self, kind: int) -> int:
         """Read and check the header of one message frame; return its length."""
