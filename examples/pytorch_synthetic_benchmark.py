@@ -244,8 +244,9 @@ def main(args: argparse.Namespace) -> None:
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
     if use_cuda:
+        # more ranks than GPUs share them (hora's staged path can; NCCL cannot)
         torch.cuda.set_device(
-            hvd.local_rank() if not args.ddp else rank % torch.cuda.device_count()
+            (hvd.local_rank() if not args.ddp else rank) % torch.cuda.device_count()
         )
     elif args.num_threads > 0:
         torch.set_num_threads(args.num_threads)

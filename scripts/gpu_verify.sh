@@ -6,9 +6,10 @@
 # Made for one unattended run on a machine without network: hora need not be installed (the
 # script tries `pip install --no-deps --no-build-isolation -e .`, which downloads nothing, and
 # else puts src/ on PYTHONPATH), every step runs under `timeout` within one time budget
-# (GPU_VERIFY_BUDGET seconds, default 480: the whole script ends in about 8 minutes), and a
-# step that fails or times out does not stop the steps after it. The exit status is non-zero
-# when any step failed, timed out or was not run for want of time.
+# (GPU_VERIFY_BUDGET seconds; default 330 with one GPU, so the whole script ends within 6
+# minutes, and 540 with several), and a step that fails or times out does not stop the steps
+# after it. The exit status is non-zero when any step failed, timed out or was not run for want
+# of time.
 #
 # Writes into RESULTS_DIR:
 #   summary.txt   one line per step, "ok" or "FAIL", with its seconds and its file; written as
@@ -18,11 +19,19 @@
 #   tests.txt     every CUDA test, verbose (tests.xml: the same as JUnit XML); none may fail,
 #                 nor skip for want of a GPU
 #   bench_allreduce_cuda.{txt,json,csv,log}   hora bench allreduce --device cuda: hora on
-#                 NCCL, hora staged through pinned memory, torch's NCCL, one rank per GPU
-#   bench_hora_nccl.txt, bench_hora_staged.txt, bench_ddp.txt   the synthetic benchmark
-#                 (ResNet-50 on the GPU, one rank) with hora on NCCL, hora staged, torch DDP
+#                 NCCL, hora staged through pinned memory, torch's NCCL, one rank per GPU (on
+#                 one GPU: a world of one, which hora runs without an engine round)
+#   bench_shared_gpu.{txt,json,log}   one GPU: two ranks sharing it through the staged path
+#   bench_hora_staged_np2.txt   one GPU: the synthetic benchmark (ResNet-50), two ranks on it,
+#                 staged
+#   bench_hora_nccl.txt, bench_ddp.txt   the synthetic benchmark (ResNet-50), one rank, with
+#                 hora on NCCL and torch DDP on NCCL
+#   bench_hora_nccl_npN.txt, bench_ddp_npN.txt   several GPUs: the same on every GPU
 #   scaling_cuda.{txt,log}, scaling_cuda/   a short hora bench scaling on CUDA (ResNet-50,
-#                 native and nccl, one rank) with GPU utilisation per configuration
+#                 hora on NCCL and DDP on NCCL, one rank, and on every GPU when there are
+#                 several) with GPU utilisation per configuration and its number of samples
+#   bench_world_of_one_engine.{txt,json,log}   one GPU: the world of one through the engine
+#                 (HORA_LOCAL_SETS=0), the path before sets of one ran locally, to compare
 #
 # Settings: PYTHON (default python3), HORA (a `hora` launcher to use instead of the python
 # module), GPU_VERIFY_BUDGET (seconds), GPU_VERIFY_NO_INSTALL=1 (skip pip; use PYTHONPATH).
@@ -35,7 +44,7 @@ mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)  # relative to where the script was started
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python3}
-BUDGET=${GPU_VERIFY_BUDGET:-480}
+BUDGET=${GPU_VERIFY_BUDGET:-330}  # set again once the GPUs are counted, unless given
 DEADLINE=$((SECONDS + BUDGET))
 FAILED=0
 : > "$OUT/summary.txt"
@@ -140,6 +149,7 @@ fi
 verdict "hora importable ($(grep '^hora: ' "$OUT/install.txt" | cut -c7-))" install.txt
 
 # 2. the machine
+# shellcheck disable=SC2317  # run through `bash -c env_report`
 env_report() {
     echo "== nvidia-smi"; nvidia-smi || echo "nvidia-smi failed"
     echo "== driver"
@@ -174,6 +184,13 @@ if [ "$RC" -eq 3 ]; then
 fi
 verdict "environment" env.txt "$WHY"
 cat "$OUT/env.txt"
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null)
+[ "${NGPU:-0}" -ge 1 ] 2>/dev/null || NGPU=1
+if [ -z "${GPU_VERIFY_BUDGET:-}" ] && [ "$NGPU" -gt 1 ]; then
+    BUDGET=540  # the multi-rank tables and ResNet-50 on every GPU come on top
+    DEADLINE=$((DEADLINE + 540 - 330))
+fi
+summary "GPUs: $NGPU; budget ${BUDGET}s"
 
 # 3. the CUDA tests: the unit tests of the stream/event and pinned-memory paths, the NCCL
 # backend at np=1, the integration tests that run CUDA tensors through hora.torch, and no host
@@ -192,8 +209,9 @@ TESTS=(
     tests/integration/test_data_arriving.py
     tests/unit/lab/test_gpu_bench.py
     tests/unit/lab/test_gpu_sampler.py
+    tests/integration/test_world_of_one.py::test_cuda_tensors_alone_give_the_engines_bits_on_a_gpu
 )
-run 300 "$OUT/tests.txt" "$PY" -m pytest -v -rs -p no:cacheprovider --durations=15 \
+run 170 "$OUT/tests.txt" "$PY" -m pytest -v -rs -p no:cacheprovider --durations=15 \
     --junitxml="$OUT/tests.xml" "${TESTS[@]}"
 WHY=""
 if grep -E "SKIPPED.*(GPU|CUDA)" "$OUT/tests.txt" | grep -qv "machines without a GPU"; then
@@ -203,44 +221,85 @@ TALLY=$(grep -E '^=+ .*(passed|failed|error|skipped).* in [0-9.]+s' "$OUT/tests.
     | tr -d '=' | xargs)
 verdict "CUDA tests (${TALLY:-no tally})" tests.txt "$WHY"
 
-# 4. the lab on the GPU: allreduce of CUDA tensors against torch's NCCL, one rank per GPU
-NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null)
-[ "${NGPU:-0}" -ge 1 ] 2>/dev/null || NGPU=1
-ERRLOG="$OUT/bench_allreduce_cuda.log" run 120 "$OUT/bench_allreduce_cuda.txt" \
-    "$PY" -m hora.lab allreduce --device cuda --np "$NGPU" --sizes 4K,1M,64M --timeout 60 \
-    --json "$OUT/bench_allreduce_cuda.json" --csv "$OUT/bench_allreduce_cuda.csv"
+# 4. the lab on the GPU: allreduce of CUDA tensors against torch's NCCL, one rank per GPU;
+# on one GPU a world of one, whose ops hora runs where the tensor lies, without an engine round
+# (the "vs nccl" column: hora's call against torch's own)
+allreduce_bench() {  # name, limit, env..., -- lab arguments...
+    local name=$1 limit=$2
+    shift 2
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    ERRLOG="$OUT/$name.log" run "$limit" "$OUT/$name.txt" env "${envs[@]}" \
+        "$PY" -m hora.lab allreduce --device cuda --timeout 60 --json "$OUT/$name.json" "$@"
+}
+allreduce_bench bench_allreduce_cuda 120 -- --np "$NGPU" --sizes 4K,1M,64M \
+    --csv "$OUT/bench_allreduce_cuda.csv"
 WHY=""
 grep -q "^skipped" "$OUT/bench_allreduce_cuda.txt" && WHY="a backend was skipped"
 verdict "hora bench allreduce --device cuda --np $NGPU" bench_allreduce_cuda.txt "$WHY"
 
-# 5. the synthetic benchmark on the GPU (it uses CUDA whenever torch sees a GPU), one rank
+# the synthetic benchmark on the GPU (it uses CUDA whenever torch sees a GPU)
 ARGS=(--model resnet50 --batch-size 64 --num-warmup-batches 5 --num-batches-per-iter 5
     --num-iters 3)
-bench() {  # name, env..., -- args...
-    local name=$1
-    shift
+bench() {  # name, ranks, limit, env..., -- args...
+    local name=$1 np=$2 limit=$3
+    shift 3
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
-    run 90 "$OUT/bench_$name.txt" env "${envs[@]}" "${HORA_RUN[@]}" -np 1 \
+    run "$limit" "$OUT/bench_$name.txt" env "${envs[@]}" "${HORA_RUN[@]}" -np "$np" \
         "$PY" examples/pytorch_synthetic_benchmark.py "$@"
     local rate why=""
     rate=$(grep -E 'Total img/sec' "$OUT/bench_$name.txt" | tail -1 | sed 's/^.*Total/Total/')
     [ -z "$rate" ] && why="no 'Total img/sec' line"
     verdict "benchmark $name${rate:+: $rate}" "bench_$name.txt" "$why"
 }
-bench hora_nccl HOROVOD_GPU_OPERATIONS=NCCL HORA_LOG_LEVEL=WARNING -- "${ARGS[@]}"
-bench hora_staged HORA_LOG_LEVEL=WARNING -- "${ARGS[@]}"
-bench ddp HORA_LOG_LEVEL=WARNING -- "${ARGS[@]}" --ddp
+QUIET=HORA_LOG_LEVEL=WARNING
+SHORT=(--model resnet50 --batch-size 32 --num-warmup-batches 2 --num-batches-per-iter 3
+    --num-iters 2)
 
-# 6. a short scaling run on CUDA with GPU utilisation per configuration
+# 5. one GPU: two ranks share it through the staged path (NCCL cannot put two ranks on one
+# GPU; hora's staged path reduces in host memory, as people debugging on one GPU need)
+if [ "$NGPU" -eq 1 ]; then
+    allreduce_bench bench_shared_gpu 60 -- --np 2 --backends hora-staged --sizes 4K,1M,64M
+    WHY=""
+    grep -q "^skipped" "$OUT/bench_shared_gpu.txt" && WHY="the staged path was skipped"
+    verdict "two ranks on one GPU, staged: hora bench allreduce --np 2" bench_shared_gpu.txt \
+        "$WHY"
+    bench hora_staged_np2 2 75 HOROVOD_CPU_OPERATIONS=native "$QUIET" -- "${SHORT[@]}"
+fi
+
+# 6. ResNet-50 on one GPU with hora on NCCL and with DDP on NCCL (the fair peer on GPUs); with
+# several GPUs, on every GPU too
+bench hora_nccl 1 90 HOROVOD_GPU_OPERATIONS=NCCL "$QUIET" -- "${ARGS[@]}"
+bench ddp 1 90 "$QUIET" -- "${ARGS[@]}" --ddp
+if [ "$NGPU" -gt 1 ]; then
+    bench "hora_nccl_np$NGPU" "$NGPU" 120 HOROVOD_GPU_OPERATIONS=NCCL "$QUIET" -- "${ARGS[@]}"
+    bench "ddp_np$NGPU" "$NGPU" 120 "$QUIET" -- "${ARGS[@]}" --ddp
+fi
+
+# 7. a scaling run on CUDA with GPU utilisation per configuration: enough timed steps (40 of
+# about 40 ms) for the utilisation to rest on tens of samples (the table says how many)
+NPS=1
+[ "$NGPU" -gt 1 ] && NPS="1,$NGPU"
 ERRLOG="$OUT/scaling_cuda.log" run 150 "$OUT/scaling_cuda.txt" \
-    "$PY" -m hora.lab scaling --device cuda --model resnet50 --backends native,nccl --np 1 \
-    --steps 6 --warmup 2 --timeout 60 --out "$OUT/scaling_cuda"
+    "$PY" -m hora.lab scaling --device cuda --model resnet50 --backends nccl,ddp --np "$NPS" \
+    --steps 40 --warmup 5 --timeout 90 --out "$OUT/scaling_cuda"
 WHY=""
 grep -q "GPU util mean / max" "$OUT/scaling_cuda.txt" || WHY="no GPU utilisation in the table"
+grep -q "too few" "$OUT/scaling_cuda.txt" && WHY="a GPU utilisation rests on too few samples"
 grep -q "^failed" "$OUT/scaling_cuda.txt" && WHY="a configuration failed"
-verdict "hora bench scaling --device cuda" scaling_cuda.txt "$WHY"
+verdict "hora bench scaling --device cuda --np $NPS" scaling_cuda.txt "$WHY"
+
+# 8. one GPU: the world of one through the engine, as before sets of one ran locally (compare
+# its hora rows with step 4's)
+if [ "$NGPU" -eq 1 ]; then
+    allreduce_bench bench_world_of_one_engine 60 HORA_LOCAL_SETS=0 -- --np 1 \
+        --backends hora-nccl,hora-staged --sizes 4K,64M
+    verdict "world of one through the engine (HORA_LOCAL_SETS=0)" \
+        bench_world_of_one_engine.txt
+fi
 
 if [ "$FAILED" -eq 0 ]; then
     summary "done in ${SECONDS}s: every step passed; results in $OUT"

@@ -343,7 +343,7 @@ def run_allreduce_bench(
                     continue
                 reason = unavailable(backend) or (hosts.unavailable(backend) if hosts else None)
                 if reason is None and config.device == "cuda":
-                    reason = gpu.short_of_devices(config.np)
+                    reason = gpu.short_of_devices(config.np, backend)
                 if reason is not None:
                     skipped[backend] = reason
                     say(f"[{backend}] skipped: {reason}")

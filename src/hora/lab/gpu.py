@@ -84,10 +84,16 @@ def unavailable(backend: str) -> str | None:
     return None
 
 
-def short_of_devices(nranks: int) -> str | None:
-    """Why ``nranks`` ranks do not fit this machine's GPUs (one each), or None when they do."""
+# the CUDA backends whose ranks may share a GPU (rank r on cuda:<local rank % GPUs>): hora's
+# staged path reduces in host memory, which any number of ranks on one GPU can; NCCL cannot
+SHARE_GPUS = ("hora-staged",)
+
+
+def short_of_devices(nranks: int, backend: str = "nccl") -> str | None:
+    """Why ``nranks`` ranks of ``backend`` do not fit this machine's GPUs (one each, but for
+    :data:`SHARE_GPUS`), or None when they do."""
     count = device_count()
-    if nranks <= count:
+    if nranks <= count or (backend in SHARE_GPUS and count):
         return None
     return (
         f"--np {nranks} needs {nranks} GPUs, one per rank (NCCL refuses two ranks on one GPU); "

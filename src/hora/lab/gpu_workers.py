@@ -87,7 +87,8 @@ def run_hora_cuda(plan: dict[str, Any]) -> None:
                 f"{label} needs hora's {expected} backend, but hora chose {used} "
                 "(see HOROVOD_GPU_OPERATIONS / HOROVOD_CPU_OPERATIONS in docs/gpu.md)"
             )
-        device = torch.device("cuda", hvd.local_rank())
+        # ranks beyond the GPUs share them (the staged path; NCCL's rows are skipped there)
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
         torch.cuda.set_device(device)
 
         def make_call(t: Any, nbytes: int) -> Call:

@@ -134,6 +134,10 @@ def test_short_of_devices_says_how_many(monkeypatch: pytest.MonkeyPatch) -> None
     assert gpu.short_of_devices(1) is None
     reason = gpu.short_of_devices(2)
     assert reason is not None and "needs 2 GPUs" in reason and "give --np 1" in reason
+    assert gpu.short_of_devices(2, "hora-nccl") == reason
+    assert gpu.short_of_devices(2, "hora-staged") is None  # two ranks share the one GPU
+    monkeypatch.setattr(gpu, "device_count", lambda: 0)
+    assert gpu.short_of_devices(2, "hora-staged") is not None
     with pytest.raises(ValueError, match="not a CUDA backend"):
         gpu.unavailable("gloo")
 
