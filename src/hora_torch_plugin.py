@@ -7,7 +7,8 @@ torch's ``env://`` variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_
 ``MASTER_ADDR``, ``MASTER_PORT``) that the launcher does not set. This module lies outside the
 ``hora`` package so that torch's start-up imports nothing of hora; hora's engine is imported
 when a process group is made (:mod:`hora.torch.distributed.group`). Runs in the importing
-thread.
+thread. hora serves CPU and CUDA tensors; ``"cpu:hora,cuda:nccl"`` and ``"cuda:hora"`` give it
+one of them (:mod:`hora.torch.distributed.devices`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def torch_env_from_hora_run() -> dict[str, str]:
 
 def _create(options: Any, backend_options: Any = None) -> Any:
     """torch's creator for ``backend="hora"``: imports the engine side only now."""
-    from hora.torch.distributed.group import create
+    from hora.torch.distributed.devices import create
 
     return create(options, backend_options)
 
@@ -71,7 +72,7 @@ def register() -> None:
     torch_env_from_hora_run()
     if BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
 def plugin() -> None:
