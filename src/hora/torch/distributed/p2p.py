@@ -16,8 +16,27 @@ from typing import Any
 import torch
 
 from hora.frameworks import p2p
-from hora.torch.adapter import stage, write_back
+from hora.torch.adapter import _numpy, check_tensor
 from hora.torch.distributed.work import HoraWork
+
+
+class HostBuffer:
+    """A tensor's data in host memory as the op surface takes it: a view of a contiguous CPU
+    tensor, else a contiguous host copy (a CUDA tensor's: these calls move it through host
+    memory, whichever backend the job runs); ``write_back`` puts a received result back."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        check_tensor(tensor)
+        host = tensor.detach()
+        if host.device.type != "cpu":
+            host = host.to("cpu")
+        host = host.contiguous().resolve_conj().resolve_neg()
+        self.tensor, self.host = tensor, host
+        self.array, self.dtype = _numpy(host)
+
+    def write_back(self) -> None:
+        if self.host.data_ptr() != self.tensor.data_ptr() or self.tensor.device.type != "cpu":
+            self.tensor.data.copy_(self.host.view(self.tensor.shape))
 
 
 def _peer(group: Any, tensors: list[torch.Tensor], peer: int, call: str) -> int:
@@ -31,7 +50,7 @@ def _peer(group: Any, tensors: list[torch.Tensor], peer: int, call: str) -> int:
 
 def send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int) -> HoraWork:
     peer = _peer(group, tensors, dst, "send")
-    s = stage(tensors[0])
+    s = HostBuffer(tensors[0])
 
     def start() -> list[Any]:
         return [p2p.send_async(s.array, peer, tag=tag, process_set=group._set, dtype=s.dtype)]
@@ -41,13 +60,12 @@ def send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int) -> HoraWor
 
 def recv(group: Any, tensors: list[torch.Tensor], src: int, tag: int) -> HoraWork:
     peer = _peer(group, tensors, src, "recv")
-    s = stage(tensors[0])
+    s = HostBuffer(tensors[0])
 
     def start() -> list[Any]:
         return [p2p.recv_async(s.array, peer, tag=tag, process_set=group._set, dtype=s.dtype)]
 
     def finish(results: list[Any]) -> None:
-        if s.copied or s.runtime is not None:  # received into a copy: hand it over
-            write_back(s, s.array)
+        s.write_back()
 
     return group._work("recv", list(tensors), start, finish)  # type: ignore[no-any-return]

@@ -4,9 +4,9 @@ the request, so ranks that disagree on the root, the dtype or the size all raise
 of them.
 
 Tensors travel flat (one row per rank), as torch's rooted calls ask for equal sizes on every
-rank. Results are copied into torch's output tensors when the op completes (the engine
-thread). Called from :class:`~hora.torch.distributed.group.HoraProcessGroup` in the caller's
-thread.
+rank, from host memory (a CUDA tensor through a host copy). Results are copied into torch's
+output tensors when the op completes (the engine thread). Called from
+:class:`~hora.torch.distributed.group.HoraProcessGroup` in the caller's thread.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from hora.frameworks import rooted
-from hora.torch.adapter import stage, to_tensor, write_back
+from hora.torch.adapter import to_tensor
+from hora.torch.distributed.p2p import HostBuffer
 from hora.torch.distributed.work import HoraWork
 
 
@@ -44,7 +45,7 @@ def reduce(group: Any, tensors: list[torch.Tensor], opts: Any, op: int) -> HoraW
     call = "reduce"
     tensor = _one(tensors, call)
     root = _root(group, opts, call)
-    s = stage(tensor)
+    s = HostBuffer(tensor)
     name = group._name(call, [tensor], op, root)
 
     def start() -> list[Any]:
@@ -53,7 +54,7 @@ def reduce(group: Any, tensors: list[torch.Tensor], opts: Any, op: int) -> HoraW
 
     def finish(results: list[Any]) -> None:
         if group.rank() == opts.rootRank:
-            write_back(s, results[0])
+            s.write_back()
 
     return group._work(call, [tensor], start, finish, [name])  # type: ignore[no-any-return]
 
@@ -64,7 +65,7 @@ def gather(group: Any, outputs: list[list[torch.Tensor]], inputs: list[torch.Ten
     call = "gather"
     tensor = _one(inputs, call)
     root = _root(group, opts, call)
-    s = stage(_flat(tensor))
+    s = HostBuffer(_flat(tensor))
     name = group._name(call, [tensor], root)
     targets = list(outputs[0]) if outputs else []
 
@@ -94,7 +95,7 @@ def scatter(group: Any, outputs: list[torch.Tensor], inputs: list[list[torch.Ten
     call = "scatter"
     out = _one(outputs, call)
     root = _root(group, opts, call)
-    target = stage(_flat(out))
+    target = HostBuffer(_flat(out))
     rows: Any = None
     if group.rank() == opts.rootRank:
         pieces = list(inputs[0]) if inputs else []
@@ -104,7 +105,7 @@ def scatter(group: Any, outputs: list[torch.Tensor], inputs: list[list[torch.Ten
                 f"{[p.numel() for p in pieces]} elements; it needs {group.size()} tensors of "
                 f"{out.numel()} (the output's size)"
             )
-        rows = stage(torch.stack([_flat(p) for p in pieces])).array
+        rows = HostBuffer(torch.stack([_flat(p) for p in pieces])).array
     name = group._name(call, [out], root)
 
     def start() -> list[Any]:
