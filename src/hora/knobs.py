@@ -414,6 +414,18 @@ KNOBS: tuple[Knob, ...] = (
         None,
     ),
     Knob(
+        "shm_single_copy",
+        bool,
+        True,
+        "SHM_SINGLE_COPY",
+        "0: stage every shared-memory payload through a shared segment instead of reading "
+        "peers' memory (process_vm_readv), the way a host with Yama's ptrace_scope=1 "
+        "(Ubuntu's default) runs; the shared arena still maps (see docs/shm.md).",
+        None,
+        None,
+        None,
+    ),
+    Knob(
         "cpu_bind",
         str,
         "none",

@@ -231,6 +231,7 @@ class Settings:
     listen_any: bool = False
     mpi_threads_disable: bool = False
     shm_disable: bool = False
+    shm_single_copy: bool = True
     cpu_bind: str = "none"
     thread_affinity: str = ""
     num_nccl_streams: int = 1

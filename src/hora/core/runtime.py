@@ -126,7 +126,8 @@ class Runtime:
         from hora.transport.composite import host_transport
 
         return host_transport(tcp, self.store, f"hora/{generation}", ident.secret,
-                              ident.hostname, settings.shm_disable, timeout)
+                              ident.hostname, settings.shm_disable, timeout,
+                              single_copy=settings.shm_single_copy)
 
     def _departure(self, rank: int, wait: float) -> str | None:
         """How ``rank`` left, as the launcher recorded it ("exited with code 0"), waiting up to

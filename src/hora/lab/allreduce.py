@@ -52,7 +52,7 @@ from hora.lab.procs import (
 
 log = logging.getLogger("hora.lab")
 
-BACKENDS = ("hora", "hora-tcp", "gloo", "mpi")
+BACKENDS = ("hora", "hora-tcp", "hora-shm-staged", "gloo", "mpi")
 DEFAULT_BACKENDS = ("hora", "gloo", "mpi")
 # the backends each --device offers, and those it runs by default
 DEVICE_BACKENDS = {"cpu": (BACKENDS, DEFAULT_BACKENDS), "cuda": (gpu.CUDA_BACKENDS,) * 2}
@@ -459,7 +459,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--backends",
         default=None,
         help=f"comma-separated, from {','.join(BACKENDS)} (default {','.join(DEFAULT_BACKENDS)}); "
-        "hora-tcp is hora with shared memory off; with --device cuda from "
+        "hora-tcp is hora with shared memory off, hora-shm-staged hora with "
+        "HORA_SHM_SINGLE_COPY=0 (as under Yama's ptrace_scope=1); with --device cuda from "
         f"{','.join(gpu.CUDA_BACKENDS)} (default all): hora-nccl is hora with "
         "HOROVOD_GPU_OPERATIONS=NCCL, hora-staged hora's CPU backend through pinned memory, "
         "nccl torch.distributed's NCCL",

@@ -24,10 +24,12 @@ from hora.lab import gpu, report
 from hora.launch.workerenv import TORCH_HUGE_PAGES
 
 # hora's variants: extra environment for its workers (hora-tcp: no shared memory between ranks;
+# hora-shm-staged: shared memory without single-copy reads, as under Yama's ptrace_scope=1;
 # the CUDA ones choose hora's backend)
 HORA_VARIANTS: dict[str, dict[str, str]] = {
     "hora": {},
     "hora-tcp": {"HORA_SHM_DISABLE": "1"},
+    "hora-shm-staged": {"HORA_SHM_SINGLE_COPY": "0"},
     **gpu.HORA_CUDA_VARIANTS,
 }
 

@@ -400,6 +400,7 @@ def run_mpi(plan: dict[str, Any]) -> None:
 RUNNERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "hora": run_hora,
     "hora-tcp": run_hora,
+    "hora-shm-staged": run_hora,
     "gloo": run_gloo,
     "mpi": run_mpi,
 }

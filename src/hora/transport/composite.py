@@ -154,13 +154,16 @@ def host_transport(
     hostname: str,
     shm_disable: bool,
     timeout: float = 30.0,
+    single_copy: bool = True,
 ) -> HostTransport:
-    """Wrap ``tcp`` so that ranks of this host talk over shared memory (unless disabled)."""
+    """Wrap ``tcp`` so that ranks of this host talk over shared memory (unless disabled);
+    ``single_copy=False`` stages every payload, as where the kernel refuses cross-process
+    reads."""
     shm = None
     if not shm_disable and shm_available():
         try:
             shm = ShmTransport(tcp.rank, tcp.size, secret, prefix, connect_timeout=timeout,
-                               handshake_timeout=tcp.handshake_timeout)
+                               single_copy=single_copy, handshake_timeout=tcp.handshake_timeout)
         except (TransportError, OSError) as e:
             log.warning("rank %d: shared memory unavailable, using TCP only: %s", tcp.rank, e)
     elif not shm_disable:
