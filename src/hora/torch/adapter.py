@@ -23,6 +23,11 @@ back as device tensors; the engine thread's stream, which the backend made wait 
 collective, records an event that the caller's stream waits on (:func:`to_tensor`,
 :func:`write_back`).
 
+In a process set of one (``stage(alone=True)``; ``hora.core.solo``) the op runs in the
+caller's thread with nobody to talk to: a tensor on a device is handed over as it is, with
+torch's buffer operations for its device (:func:`local_ops`), so it never goes through host
+memory, and its work goes on the caller's current stream (no event is needed).
+
 ``stage`` runs in the caller's thread; ``to_tensor``/``write_back`` run wherever the result is
 finalized (the engine thread). All functions are pure apart from the in-place write-back and the
 pinned-buffer pools, and thread-safe.
