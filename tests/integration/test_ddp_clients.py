@@ -179,3 +179,19 @@ def test_accelerate_under_torchrun(tmp_path: Path) -> None:
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_accelerate_under_hora_run(hora_run_job: Any) -> None:
     assert_accelerate(hora_run_job["accelerate"])
+
+
+# -- hora bench clients ---------------------------------------------------------------------
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_bench_clients_times_both_backends() -> None:
+    """Accelerate alone (the cheaper start-up); Lightning's path is the one trained above."""
+    from hora.lab.clients import render, run_clients_bench
+
+    result = run_clients_bench(["accelerate"], "mlp", np_=2, steps=2, warmup=1, batch=4,
+                               timeout=TIMEOUT)  # fmt: skip
+    for backend in ("gloo", "hora"):
+        got = result["results"][f"accelerate.{backend}"]
+        assert (got["backend"], got["np"], got["steps"], got["batch"]) == (backend, 2, 2, 4), got
+        assert got["step_ms"] > 0, got
+    text = render(result)
+    assert "accelerate" in text and "hora/gloo" in text, text

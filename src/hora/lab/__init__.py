@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "report": ("hora.lab.bench_report", "render saved scaling results again, or compare two"),
     "ddp": ("hora.lab.ddp", "the same DDP training and dist.all_reduce on backend gloo and hora"),
+    "clients": ("hora.lab.clients", "Lightning's and Accelerate's training step on gloo and hora"),
 }
 
 

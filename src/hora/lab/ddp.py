@@ -123,8 +123,10 @@ def worker(plan: dict[str, Any]) -> None:
 
 
 # -- the parent ---------------------------------------------------------------------------------
-def run_backend(plan: dict[str, Any], np_: int, tmp: str, timeout: float) -> dict[str, Any]:
-    """One backend's workers, torchrun-style; rank 0's results (RuntimeError on failure)."""
+def run_backend(plan: dict[str, Any], np_: int, tmp: str, timeout: float,
+                module: str = "hora.lab.ddp") -> dict[str, Any]:  # fmt: skip
+    """One backend's workers, torchrun-style, each ``python -m <module> --worker PLAN``; rank
+    0's results (RuntimeError on failure)."""
     backend = plan["backend"]
     plan = dict(plan, out=os.path.join(tmp, f"{backend}.json"))
     plan_path = os.path.join(tmp, f"{backend}.plan.json")
@@ -140,7 +142,7 @@ def run_backend(plan: dict[str, Any], np_: int, tmp: str, timeout: float) -> dic
             logs.append(log)
             with open(log, "wb") as f:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "hora.lab.ddp", "--worker", plan_path],
+                    [sys.executable, "-m", module, "--worker", plan_path],
                     env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
                     stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                     start_new_session=True,
