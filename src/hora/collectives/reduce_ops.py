@@ -2,8 +2,9 @@
 
 Reduction op ints follow Horovod (``AVERAGE=0 ... PRODUCT=5``). AVERAGE reduces as SUM: the
 engine folds ``1/size`` into the postscale. bool reduces logically (SUM/MAX = or, MIN/PRODUCT =
-and). bfloat16 (``uint16`` storage) is widened to float32, reduced, and rounded back to nearest
-even. Every kernel is a vectorised NumPy call, which releases the GIL on large arrays.
+and). float16 and bfloat16 (``uint16`` storage) are reduced and scaled in float32, piece by
+piece, and rounded back to nearest even (:mod:`hora.collectives.half_floats`). Every kernel is a
+vectorised NumPy call, which releases the GIL on large arrays.
 
 Pure functions of their arguments; thread-safe.
 """
@@ -14,6 +15,15 @@ from typing import Protocol
 
 import numpy as np
 
+from hora.collectives.half_floats import (
+    HALF_FLOATS,
+    casts,
+    on_casts_changed,
+    scale_wide,
+    wide_reducer,
+)
+from hora.collectives.half_floats import bf16_to_f32 as bf16_to_f32  # re-exported: adasum, tests
+from hora.collectives.half_floats import f32_to_bf16 as f32_to_bf16
 from hora.dtypes import DTYPES, FLOATING, storage_dtype
 from hora.transport import tally
 
@@ -60,33 +70,6 @@ _BOOL_UFUNCS: dict[int, np.ufunc] = {
 }
 
 
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    """Widen bfloat16 storage (``uint16``) to a new float32 array (exact)."""
-    wide = bits.astype(np.uint32)
-    np.left_shift(wide, 16, out=wide)
-    return wide.view(np.float32)
-
-
-def f32_to_bf16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Round float32 to bfloat16 storage, to nearest even; NaN stays a (quiet) NaN.
-
-    Writes into ``out`` (``uint16``, same length) when given, else returns a new array.
-    """
-    src = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = np.right_shift(src, 16)
-    np.bitwise_and(rounded, 1, out=rounded)
-    rounded += 0x7FFF
-    rounded += src
-    np.right_shift(rounded, 16, out=rounded)
-    nan = np.isnan(src.view(np.float32))
-    if nan.any():
-        rounded[nan] = (src[nan] >> 16) | 0x0040
-    if out is None:
-        return rounded.astype(np.uint16)
-    np.copyto(out, rounded, casting="unsafe")
-    return out
-
-
 def _check(op: int, dtype: str) -> None:
     if dtype not in DTYPES:
         raise TypeError(f"unsupported dtype {dtype!r}; hora carries {', '.join(DTYPES)}")
@@ -103,9 +86,9 @@ def reducer(op: int, dtype: str) -> Reducer:
         _check(op, dtype)
         if dtype == "bool":
             found = _ufunc_reducer(_BOOL_UFUNCS[op])
-        elif dtype == "bfloat16":
-            found = _bf16_reducer(_UFUNCS[op])
-        else:
+        elif dtype == "bfloat16" or dtype == "float16" and casts().vectorised:
+            found = _wide_reducer(_UFUNCS[op], dtype)
+        else:  # float16 with NumPy's casts: its float16 ufuncs, the same bits, as fast
             found = _ufunc_reducer(_UFUNCS[op])
         _REDUCERS[op, dtype] = found
     return found
@@ -123,11 +106,11 @@ def _ufunc_reducer(ufunc: np.ufunc) -> Reducer:
     return reduce
 
 
-def _bf16_reducer(ufunc: np.ufunc) -> Reducer:
+def _wide_reducer(ufunc: np.ufunc, dtype: str, factor: float = 1.0) -> Reducer:
+    wide = wide_reducer(ufunc, dtype, factor)
+
     def reduce(acc: np.ndarray, incoming: np.ndarray, out: np.ndarray | None = None) -> None:
-        wide = bf16_to_f32(acc)
-        ufunc(wide, bf16_to_f32(incoming), out=wide)
-        f32_to_bf16(wide, out=acc if out is None else out)
+        wide(acc, incoming, out)
         _COUNTS[_REDUCED] += incoming.nbytes
 
     return reduce
@@ -141,14 +124,8 @@ def scale(buf: np.ndarray, dtype: str, factor: float) -> None:
         raise TypeError(f"unsupported dtype {dtype!r}; hora carries {', '.join(DTYPES)}")
     if buf.dtype != storage_dtype(dtype):
         raise TypeError(f"buffer dtype {buf.dtype} is not the storage dtype of {dtype}")
-    if dtype == "bfloat16":
-        wide = bf16_to_f32(buf)
-        wide *= np.float32(factor)
-        f32_to_bf16(wide, out=buf)
-    elif dtype == "float16":
-        wide = buf.astype(np.float32)
-        wide *= np.float32(factor)
-        np.copyto(buf, wide, casting="unsafe")
+    if dtype in HALF_FLOATS:
+        scale_wide(buf, dtype, factor)
     elif dtype in FLOATING:
         np.multiply(buf, buf.dtype.type(factor), out=buf)
     elif dtype != "bool" and _fits_integer(factor, buf.dtype):
@@ -198,14 +175,18 @@ def reducer_scaled(size: int, op: int, dtype: str, post: float) -> tuple[Reducer
     """The reducer of an allreduce among ``size`` members whose result is scaled by ``post``,
     and the factor left to :func:`scale` after it: between two members, each element of the
     result is made in one reduction, which then scales it while in cache (:func:`scaled`, 1.0
-    left); else the plain reducer, and ``post``."""
+    left); else the plain reducer, and ``post``. 16-bit floats are scaled in the reduction's
+    float32 pieces, each result rounded before and after (the bits of :func:`scale` apart)."""
     red = reducer(op, dtype)
     if size != 2 or post == 1.0:
         return red, post
     key = (op, dtype, post)
     once = _SCALED.get(key)
     if once is None:
-        once = scaled(red, dtype, post)
+        if dtype in HALF_FLOATS:
+            once = _wide_reducer(_UFUNCS[op], dtype, post)
+        else:
+            once = scaled(red, dtype, post)
         if once is None:
             return red, post
         if len(_SCALED) >= 64:  # postscale factors are few; never an unbounded table
@@ -215,6 +196,14 @@ def reducer_scaled(size: int, op: int, dtype: str, post: float) -> tuple[Reducer
 
 
 _SCALED: dict[tuple[int, str, float], Reducer] = {}
+
+
+def _forget_reducers() -> None:
+    _REDUCERS.clear()
+    _SCALED.clear()
+
+
+on_casts_changed(_forget_reducers)  # other casts may choose other reducers
 
 
 def _fits_integer(factor: float, dtype: np.dtype) -> bool:

@@ -19,6 +19,7 @@ from hora.errors import (
     HoraInternalError,
     HostsUpdatedInterrupt,
 )
+from hora.torch import casts as _casts  # noqa: F401 - float16/bfloat16 reduced via torch
 from hora.torch import elastic as elastic  # hvd.elastic
 from hora.torch import threads as _threads  # noqa: F401 - sizes torch's pool at init()
 from hora.torch.compression import Compression

@@ -41,6 +41,9 @@ class _CastCompressor(Compressor):
     """Casts floating-point tensors wider than ``wire`` to ``wire`` and back."""
 
     wire: torch.dtype = torch.float16
+    # decompress() is only a cast back to the tensor's dtype: DistributedOptimizer makes it as
+    # it copies the result into the gradient, instead of into a new tensor first
+    casts_back = True
 
     @classmethod
     def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:

@@ -70,8 +70,11 @@ class _Flight:
 
     def finish(self, owner: _DistributedOptimizer) -> None:
         synchronize(self.handle)
+        comp = owner._compression
         for p, sent, ctx in zip(self.params, self.sent, self.ctxs):
-            owner._finish(p, owner._compression.decompress(sent, ctx))
+            # a cast back to the gradient's dtype is made by _finish's copy, with no new tensor
+            owner._finish(p, sent if getattr(comp, "casts_back", False) else
+                          comp.decompress(sent, ctx))  # fmt: skip
 
 
 class _SparseFlight:
