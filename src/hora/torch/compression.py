@@ -1,9 +1,14 @@
-"""Gradient compression on the wire: ``Compression.none``, ``.fp16`` and ``.bf16``.
+"""Gradient compression: ``Compression.none``, ``.fp16``, ``.bf16``, ``.powersgd()``, ``.topk()``.
 
 A compressor turns a tensor into the tensor that is sent plus a context, and turns the received
 tensor back with that context. ``fp16`` and ``bf16`` halve the bytes of 32- and 64-bit
 floating-point tensors (the context is the original dtype); other tensors pass unchanged.
 Pure functions of their inputs: thread-safe.
+
+``powersgd(rank=4, start_iter=10)`` and ``topk(ratio=0.01)`` make stateful compressors
+(:mod:`hora.frameworks.grad_compression`): passed as ``DistributedOptimizer(compression=...)``,
+they average all gradients at ``synchronize()`` with collectives and error memory of their own.
+One per optimizer.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from hora.frameworks.powersgd import PowerSGD
+from hora.frameworks.topk import TopK
 
 
 class Compressor:
@@ -70,8 +78,10 @@ class BF16Compressor(_CastCompressor):
 
 
 class Compression:
-    """The compression choices, as Horovod names them (plus ``bf16``)."""
+    """The compression choices, as Horovod names them (plus ``bf16``, ``powersgd``, ``topk``)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+    powersgd = PowerSGD  # Compression.powersgd(rank=4, start_iter=10): a new compressor
+    topk = TopK  # Compression.topk(ratio=0.01)

@@ -98,9 +98,10 @@ def broadcast_optimizer_state(
     process_set: ProcessSet = global_process_set,
 ) -> None:
     """Make ``optimizer`` (plain or wrapped, e.g. a ``DistributedOptimizer``) equal to the root's:
-    parameter-group options (``lr``, ``momentum``, ...) and per-parameter state (momentum
-    buffers, Adam moments and step counts, ...). ``model`` is accepted for compatibility with
-    Horovod's signature; the optimizer alone identifies the parameters.
+    parameter-group options (``lr``, ``momentum``, ...), per-parameter state (momentum
+    buffers, Adam moments and step counts, ...) and a stateful compressor's shared state
+    (PowerSGD's factors; each rank keeps its error memory). ``model`` is accepted for
+    compatibility with Horovod's signature; the optimizer alone identifies the parameters.
     """
     if isinstance(unwrap(optimizer), torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
@@ -145,6 +146,12 @@ def broadcast_optimizer_state(
                     state[key] = current = torch.zeros(shape, dtype=dtype, device=device)
                 tensors.append((f"optimizer_state.{g}.{i}.{key}", current))
     broadcast_parameters(tensors, root_rank, process_set=process_set)
+    compressor = getattr(optimizer, "_compressor", None)
+    if compressor is not None:  # PowerSGD's factors and the step count; error memory stays
+        shared = compressor.shared_state() if is_root else None
+        compressor.load_shared_state(
+            ops.broadcast_object(shared, root_rank, "optimizer_state.compression", process_set)
+        )
 
 
 def broadcast_object(

@@ -29,8 +29,10 @@ from typing import Any
 import torch
 
 from hora import global_process_set
+from hora.frameworks.grad_compression import GradientCompressor
 from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum
 from hora.torch.compression import Compression, Compressor
+from hora.torch.grad_compression import compressed_step
 from hora.torch.mpi_ops import (
     ProcessSet,
     allreduce_async_,
@@ -123,10 +125,19 @@ class _DistributedOptimizer(OptimizerWrapper):
             raise ValueError(f"unknown op {op!r}: use hvd.Average, hvd.Sum or hvd.Adasum")
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor is only supported with op=Average")
+        # PowerSGD, top-k: averages all gradients at synchronize(), with state of its own
+        if isinstance(compression, type) and issubclass(compression, GradientCompressor):
+            compression = compression()  # Compression.powersgd without arguments: defaults
+        self._compressor = compression if isinstance(compression, GradientCompressor) else None
+        if self._compressor is not None:
+            if op != Average or gradient_predivide_factor != 1.0:
+                raise ValueError(f"compression={self._compressor.kind} averages: use op=Average "
+                                 "and no gradient_predivide_factor")  # fmt: skip
+            compression = Compression.none
         if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
             raise TypeError(
-                "compression must be hvd.Compression.none, .fp16, .bf16 or a "
-                "Compressor with compress() and decompress()"
+                "compression must be hvd.Compression.none, .fp16, .bf16, .powersgd(), .topk() "
+                "or a Compressor with compress() and decompress()"
             )
         self._compression = compression
         self.op = op
@@ -245,8 +256,8 @@ class _DistributedOptimizer(OptimizerWrapper):
             self._launch(self._members[k])
 
     def _launch(self, params: list[torch.Tensor]) -> None:
-        if self.process_set.size() == 1:
-            flight: Any = _Local(params)
+        if self.process_set.size() == 1 or self._compressor is not None:
+            flight: Any = _Local(params)  # a compressor reduces them all in synchronize()
         elif len(params) == 1 and self._is_sparse(params[0]) and not self.sparse_as_dense:
             p = params[0]
             flight = _SparseFlight(
@@ -320,6 +331,9 @@ class _DistributedOptimizer(OptimizerWrapper):
             if id(flight) not in done:
                 done.add(id(flight))
                 flight.finish(self)
+        if self._compressor is not None and self.process_set.size() > 1:
+            compressed_step(self._compressor, self._params, self._names, self._prepare,
+                            self._finish, self.process_set)  # fmt: skip
         self._clear_in_flight()
         self._synchronized = True
 
@@ -352,6 +366,21 @@ class _DistributedOptimizer(OptimizerWrapper):
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state, and a stateful compressor's under ``hora_compression``
+        (error memory and factors: elastic commits and checkpoints keep them)."""
+        state = super().state_dict()
+        if self._compressor is not None:
+            state["hora_compression"] = self._compressor.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        kept = state_dict.pop("hora_compression", None)
+        super().load_state_dict(state_dict)
+        if kept is not None and self._compressor is not None:
+            self._compressor.load_state_dict(kept)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._handles or any(d != self.backward_passes_per_step for d in self._delay.values()):
