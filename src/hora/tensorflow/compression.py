@@ -1,4 +1,4 @@
-"""Gradient compression on the wire for TensorFlow: ``Compression.none`` and ``.fp16``.
+"""Gradient compression for TensorFlow: ``Compression.none``, ``.fp16``, ``.powersgd()``, ...
 
 A compressor turns a tensor into the tensor that is sent plus a context (the original dtype),
 and the received tensor back. ``fp16`` sends float32/float64 tensors as float16 (``bf16`` as
@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
+
+from hora.frameworks.powersgd import PowerSGD
+from hora.frameworks.topk import TopK
 
 
 class Compressor:
@@ -69,3 +72,7 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+    # stateful, all gradients at once (hora.frameworks.grad_compression): the gradient tape
+    # and the Keras optimizer take them; one per tape or optimizer
+    powersgd = PowerSGD  # Compression.powersgd(rank=4, start_iter=10)
+    topk = TopK  # Compression.topk(ratio=0.01)

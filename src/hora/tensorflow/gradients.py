@@ -22,8 +22,10 @@ from typing import Any
 import tensorflow as tf
 
 from hora import global_process_set
+from hora.frameworks.grad_compression import GradientCompressor
 from hora.frameworks.ops import Adasum, Average
 from hora.tensorflow.compression import Compression
+from hora.tensorflow.grad_compression import compressed_reduce
 from hora.tensorflow.mpi_ops import ProcessSet, allreduce, grouped_allreduce
 
 
@@ -110,6 +112,12 @@ class GradientReducer:
         _check_groups(num_groups, groups)
         if isinstance(groups, int):
             num_groups, groups = groups, None
+        if isinstance(compression, type) and issubclass(compression, GradientCompressor):
+            compression = compression()  # Compression.powersgd without arguments: defaults
+        if isinstance(compression, GradientCompressor) and (op != Average or
+                                                            gradient_predivide_factor != 1.0):
+            raise ValueError(f"compression={compression.kind} averages: use op=Average and no "
+                             "gradient_predivide_factor")  # fmt: skip
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.op = op
@@ -170,6 +178,15 @@ class GradientReducer:
     def _reduce(self, grads: list[Any], variables: Sequence[Any] | None) -> list[Any]:
         if not grads:
             return []
+        if isinstance(self.compression, GradientCompressor):  # PowerSGD, top-k: all at once
+            at = [i for i, g in enumerate(grads) if g is not None]
+            names = [f"grad.{i}" if variables is None else f"{i}.{variables[i].name}" for i in at]
+            out = list(grads)
+            done = compressed_reduce(self.compression, [grads[i] for i in at], names,
+                                     self.process_set)  # fmt: skip
+            for i, g in zip(at, done):
+                out[i] = g
+            return out
         if self.sparse_as_dense:
             grads = [
                 tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads

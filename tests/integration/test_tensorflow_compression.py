@@ -1,0 +1,116 @@
+"""PowerSGD and top-k through TensorFlow at np=2: DistributedGradientTape's gradients against the
+NumPy reference (eager and in a tf.function), and the Keras DistributedOptimizer training to
+the same weights on every rank."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import traceback
+from typing import Any
+
+import pytest
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None,
+    reason="tensorflow is not installed (pip install 'hora[tensorflow]')",
+)
+
+
+def _grads(tf: Any, hvd: Any, r: int, compression: Any, graph: bool) -> tuple[Any, Any]:
+    """This rank's own gradients and the tape's reduced ones, for two steps."""
+    import numpy as np
+
+    tf.keras.utils.set_random_seed(0)
+    layer = tf.keras.layers.Dense(16)
+    layer.build((None, 8))
+    x = tf.constant(np.random.default_rng(r).normal(size=(6, 8)).astype(np.float32))
+
+    def step() -> tuple[Any, Any]:
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_sum(layer(x) ** 2)
+        own = tape.gradient(loss, layer.trainable_variables)  # this rank's, not reduced
+        reduced = hvd.DistributedGradientTape(tape, compression=compression)
+        return own, reduced.gradient(loss, layer.trainable_variables)
+
+    run = tf.function(step) if graph else step
+    return [run() for _ in range(2)]
+
+
+def check_tape_matches_reference(ctx: dict[str, Any], r: int, n: int) -> None:
+    import numpy as np
+
+    from compression_reference import powersgd_step
+
+    tf, hvd = ctx["tf"], ctx["hvd_tf"]
+    for graph in (False, True):
+        steps = _grads(tf, hvd, r, hvd.Compression.powersgd(rank=1, start_iter=0), graph)
+        err, q = [np.zeros((8, 16), np.float32)] * n, None
+        for own, reduced in steps:
+            kernels = hvd.allgather_object(own[0].numpy(), name=f"test.kernel.{graph}")
+            biases = hvd.allgather_object(own[1].numpy(), name=f"test.bias.{graph}")
+            want, err, q = powersgd_step(kernels, err, q, 1, "0.kernel")
+            got = reduced[0].numpy()
+            assert np.allclose(got, want, rtol=1e-4, atol=1e-4), (graph, got - want)
+            assert np.allclose(reduced[1].numpy(), np.mean(biases, axis=0), atol=1e-5)
+
+
+def check_keras_optimizer_trains_alike(ctx: dict[str, Any], r: int, n: int) -> None:
+    import numpy as np
+
+    tf, hvd = ctx["tf"], ctx["hvd"]
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(32, activation="tanh"),
+                                 tf.keras.layers.Dense(1)])  # fmt: skip
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05),
+                                   compression=hvd.Compression.topk(ratio=0.1, min_elements=64))
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(r)
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True)
+    first = model.evaluate(x, y, verbose=0)
+    model.fit(x, y, batch_size=8, epochs=3, verbose=0)
+    assert model.evaluate(x, y, verbose=0) < first
+    weights = np.concatenate([w.ravel() for w in model.get_weights()])
+    everyone = hvd.allgather_object(weights, name="test.weights")
+    np.testing.assert_array_equal(everyone[0], everyone[1])
+
+
+CHECKS = {f.__name__: f for f in (check_tape_matches_reference,
+                                  check_keras_optimizer_trains_alike)}  # fmt: skip
+
+
+def run_all(rank: int) -> dict[str, str]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    import hora.tensorflow as hvd_tf
+    import hora.tensorflow.keras as hvd
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd.init()
+    out = {}
+    try:
+        for name, check in CHECKS.items():
+            try:
+                check({"tf": tf, "hvd": hvd, "hvd_tf": hvd_tf}, hvd.rank(), hvd.size())
+                out[name] = "ok"
+            except Exception:
+                out[name] = traceback.format_exc()
+    finally:
+        hvd.shutdown()
+    return out
+
+
+@pytest.fixture(scope="module")
+def battery() -> list[dict[str, str]]:
+    return run_ranks(run_all, 2, timeout=150)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("check", sorted(CHECKS))
+def test_tensorflow_compression(battery: list[dict[str, str]], check: str) -> None:
+    for rank, results in enumerate(battery):
+        assert results.get(check) == "ok", f"rank {rank}:\n{results.get(check)}"
