@@ -26,9 +26,10 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from typing import Any
 
-from hora.lab.ddp import BACKENDS, run_backend
+from hora.lab.ddp import BACKENDS, report, run_backend, script_main
 
 CLIENTS = ("lightning", "accelerate")
 EXAMPLES = """examples:
@@ -198,29 +199,16 @@ def command(args: argparse.Namespace) -> int:
                          f"{SYNTHETIC_MODELS}")  # fmt: skip
     if args.steps < 2 or args.warmup < 0:
         raise SystemExit("hora bench clients: --steps must be at least 2, --warmup at least 0")
-    try:
-        result = run_clients_bench(clients, args.model, args.np, args.steps, args.warmup,
-                                   args.batch, max(1, args.repeat), args.timeout)  # fmt: skip
-    except RuntimeError as e:
-        sys.stderr.write(f"hora bench clients: {e}\n")
-        return 1
-    print(render(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    return report(
+        "clients",
+        partial(run_clients_bench, clients, args.model, args.np, args.steps, args.warmup,
+                args.batch, max(1, args.repeat), args.timeout),
+        render, args.json,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"] and len(argv) == 2:
-        with open(argv[1]) as f:
-            worker(json.load(f))
-        return 0
-    parser = argparse.ArgumentParser(prog="python -m hora.lab.clients", epilog=EXAMPLES,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    configure(parser)
-    return command(parser.parse_args(argv))
+    return script_main(argv, "hora.lab.clients", worker, configure, command, EXAMPLES)
 
 
 if __name__ == "__main__":

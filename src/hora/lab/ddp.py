@@ -263,29 +263,47 @@ def command(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise SystemExit(f"hora bench ddp: {e}") from None
     batch = {m: args.batch for m in models} if args.batch else None
+    return report(
+        "ddp",
+        partial(run_ddp_bench, models, sizes, args.np, args.steps, args.warmup, batch,
+                args.iters, max(1, args.repeat), args.timeout),
+        render, args.json,
+    )  # fmt: skip
+
+
+def report(name: str, run: Callable[[], dict[str, Any]],
+           render: Callable[[dict[str, Any]], str], json_path: str | None) -> int:  # fmt: skip
+    """Run a benchmark of torch's backends, print its table and save its results to
+    ``json_path``; 1, saying why, when a run failed."""
     try:
-        result = run_ddp_bench(models, sizes, args.np, args.steps, args.warmup, batch,
-                               args.iters, max(1, args.repeat), args.timeout)  # fmt: skip
+        result = run()
     except RuntimeError as e:
-        sys.stderr.write(f"hora bench ddp: {e}\n")
+        sys.stderr.write(f"hora bench {name}: {e}\n")
         return 1
     print(render(result))
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def script_main(argv: list[str] | None, module: str, worker: Callable[[dict[str, Any]], None],
+                configure: Callable[[argparse.ArgumentParser], None],
+                command: Callable[[argparse.Namespace], int], examples: str) -> int:  # fmt: skip
+    """``python -m <module>``: the benchmark, or with ``--worker PLAN`` one of its workers."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"] and len(argv) == 2:
         with open(argv[1]) as f:
             worker(json.load(f))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m hora.lab.ddp", epilog=EXAMPLES,
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", epilog=examples,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
     return command(parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return script_main(argv, "hora.lab.ddp", worker, configure, command, EXAMPLES)
 
 
 if __name__ == "__main__":
