@@ -12,10 +12,11 @@ of its own::
                       strategy=DDPStrategy(process_group_backend="hora"))
 
 Lightning chooses its environment from a fixed list (TorchElastic, SLURM, LSF, MPI; else its
-own, which launches the processes itself); it asks no plugin's ``detect()``, so the environment
-must be given. :meth:`HoraEnvironment.detect` says whether the process runs under ``hora run``
-for scripts that choose for themselves (``[HoraEnvironment()] if HoraEnvironment.detect() else
-[]``). Lightning Fabric takes it the same way (``Fabric(plugins=[HoraEnvironment()], ...)``).
+own, which starts the processes itself unless ``LOCAL_RANK`` is set); it asks no plugin's
+``detect()``, so the environment must be given. :meth:`HoraEnvironment.detect` says whether
+the process runs under ``hora run``, for scripts that choose for themselves
+(``[HoraEnvironment()] if HoraEnvironment.detect() else []``). Lightning Fabric takes plugins
+the same way (``Fabric(plugins=[...])``; not tested).
 
 Importing this module needs ``pytorch_lightning`` (the ``lightning`` extra) and registers
 ``backend="hora"`` with torch, as ``import hora.torch.distributed`` does, so that one import
