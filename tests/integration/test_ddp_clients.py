@@ -7,6 +7,8 @@ hora, then on Gloo in the same processes. Every step's loss, the losses Accelera
 the final parameters must be Gloo's bit for bit: DDP divides each gradient by the world size and
 then sums, and a sum of two addends has one result whichever rank adds. A job of Lightning
 ranks in which one is killed mid-step checks that the survivor raises within seconds, naming it.
+Both ``hora run`` tests share one job (both clients in turn), and ``hora bench clients`` runs
+once, Accelerate alone, with two steps.
 """
 
 from __future__ import annotations
