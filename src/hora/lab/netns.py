@@ -320,6 +320,14 @@ class Hosts:
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 
+    def hora_identity(self, rank: int) -> dict[str, str]:
+        """Rank ``rank``'s identity, as ``hora run -H host0:k,host1:k,...`` gives it."""
+        np_, host = self.count * self.ranks_per_host, self.host_of(rank)
+        return {"HORA_RANK": str(rank), "HORA_SIZE": str(np_), "HORA_HOSTNAME": self.names[host],
+                "HORA_LOCAL_RANK": str(rank % self.ranks_per_host),
+                "HORA_LOCAL_SIZE": str(self.ranks_per_host), "HORA_CROSS_RANK": str(host),
+                "HORA_CROSS_SIZE": str(self.count)}  # fmt: skip
+
     def spawn(
         self, backend: str, plan_path: str, tmp: str, extra: dict[str, str], port: int
     ) -> list[Any]:
@@ -350,10 +358,8 @@ class Hosts:
                 renv.update(MASTER_ADDR=self.addresses[0], MASTER_PORT=str(port),
                             WORLD_SIZE=str(np_), RANK=str(rank), LOCAL_RANK=str(local),
                             GLOO_SOCKET_IFNAME="eth0")  # fmt: skip
-            else:  # as `hora run -H host0:k,host1:k,...` sets them
-                renv.update(HORA_RANK=str(rank), HORA_SIZE=str(np_), HORA_HOSTNAME=self.names[host],
-                            HORA_LOCAL_RANK=str(local), HORA_LOCAL_SIZE=str(self.ranks_per_host),
-                            HORA_CROSS_RANK=str(host), HORA_CROSS_SIZE=str(self.count))  # fmt: skip
+            else:
+                renv.update(self.hora_identity(rank))
             log = os.path.join(tmp, f"{backend}.{rank}.log")
             procs.append(self._launch(host, cmd, renv, log))
         return procs

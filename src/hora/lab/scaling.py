@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from hora.errors import LaunchError
-from hora.lab import bench_report, bench_results, envreport, gpu
+from hora.lab import bench_report, bench_results, compression, envreport, gpu, scaling_netns
 from hora.lab.bench_results import Row, ScalingResult
 from hora.lab.gpu_sampler import GpuSampler
+from hora.lab.netns import parse_rate as netns_parse_rate
 from hora.lab.train_worker import DEFAULT_BATCH, DEFAULT_GPU_BATCH, MODELS, TrainSpec, train
 from hora.launch.hosts import HostSlots, parse_hostfile, parse_hosts
 from hora.launch.workerenv import TORCH_HUGE_PAGES
@@ -177,14 +178,43 @@ class ScalingConfig:
     ssh_config_file: str | None = None
     start_timeout: float = 30.0
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu (resolved here)
+    # hora's DistributedOptimizer(compression=) per configuration (hora.lab.compression names)
+    compressions: list[str] = field(default_factory=lambda: ["none"])
+    ddp_hook: str = ""  # the ddp backend's communication hook: "" or powersgd[-r<R>]
+    netns: int = 0  # >= 2: across this many namespace hosts made here (hora.lab.scaling_netns)
+    link_rate: str = "1gbit"  # with netns: each host's link, per direction
 
     def __post_init__(self) -> None:
         self.device = gpu.resolve_device(self.device)
         if self.repeat < 1:
             raise ValueError(f"--repeat {self.repeat}: give at least 1 round")
+        for name in self.compressions:
+            compression.check(name)
+        if self.ddp_hook and not self.ddp_hook.startswith("powersgd"):
+            raise ValueError(f"--ddp-hook {self.ddp_hook!r}: choose powersgd or powersgd-r<R>")
         for model in self.models:
             self.spec(model)  # validates batch size, steps, warm-up, threads, timeout
-        self.placements = placements(self.nps, self.hosts)
+        if self.netns:
+            if self.netns < 2 or self.hosts:
+                raise ValueError("--netns: give 2 or more hosts, and no -H/--hostfile")
+            netns_parse_rate(self.link_rate)
+            self.placements = [Placement(self.netns, n // self.netns) for n in self.nps
+                               if n % self.netns == 0]  # fmt: skip
+            if not self.placements:
+                raise ValueError(f"--np {self.nps}: none splits evenly over {self.netns} hosts")
+        else:
+            self.placements = placements(self.nps, self.hosts)
+
+    def variants(self, backends: list[str]) -> list[str]:
+        """The configurations' backend labels: ``native``, ``native+powersgd-r4``, ...; the
+        DDP peer as ``ddp`` or, with a hook, ``ddp+<hook>``."""
+        out = []
+        for b in backends:
+            if b == "ddp":
+                out.append(f"ddp+{self.ddp_hook}" if self.ddp_hook else "ddp")
+            else:
+                out += [b if c == "none" else f"{b}+{c}" for c in self.compressions]
+        return out
 
     def batch(self, model: str) -> int:
         if self.batch_size is not None:
@@ -193,9 +223,14 @@ class ScalingConfig:
 
     def spec(self, model: str, progress_path: str | None = None,
              backend: str = "native") -> TrainSpec:  # fmt: skip
+        """``backend`` is a label of :meth:`variants`."""
+        base, _, variant = backend.partition("+")
+        ddp = base == "ddp"
         return TrainSpec(
             model, self.batch(model), self.steps, self.warmup, self.threads, self.timeout,
-            self.examples_dir, self.data_dir, progress_path, self.device, backend == "ddp",
+            self.examples_dir, self.data_dir, progress_path, self.device, ddp,
+            compression="none" if ddp or not variant else variant,
+            ddp_hook=variant if ddp else "",
         )  # fmt: skip
 
 
@@ -324,7 +359,8 @@ def run_configuration(
             contextlib.redirect_stdout(log_file),
             contextlib.redirect_stderr(log_file),
         ):
-            ranks = _launch(config, config.spec(model, progress_path, backend), backend, place)
+            ranks, link_bytes = _launch(config, config.spec(model, progress_path, backend),
+                                        backend, place)  # fmt: skip
     except LaunchError as e:
         raise RuntimeError(_why(e, log_path)) from e
     finally:
@@ -333,27 +369,37 @@ def run_configuration(
         sampled = sampler.stop() if sampler is not None else None
         with contextlib.suppress(OSError):
             os.remove(progress_path)
-    if any(r["backend"] != backend for r in ranks):
-        raise RuntimeError(f"asked for the {backend} backend but ran on {ranks[0]['backend']}")
+    base = backend.partition("+")[0]
+    if any(r["backend"] != base for r in ranks):
+        raise RuntimeError(f"asked for the {base} backend but ran on {ranks[0]['backend']}")
     info = {
         "model": model, "backend": backend, "servers": place.servers,
         "per_server": place.per_server, "hosts": list(place.hosts) or ["localhost"],
         "batch_size": config.batch(model), "steps": config.steps, "warmup": config.warmup,
         "wall_s": time.monotonic() - started, "device": config.device,
     }  # fmt: skip
+    if link_bytes is not None:  # the hosts' links, over warm-up and timed steps alike
+        info["link_bytes_per_step"] = link_bytes / (config.warmup + config.steps)
+        info["link_rate"] = config.link_rate
     return {**bench_results.summarize(ranks, info), **(sampled or {})}
 
 
-def _launch(config: ScalingConfig, spec: TrainSpec, backend: str, place: Placement) -> list[Any]:
+def _launch(config: ScalingConfig, spec: TrainSpec, backend: str,
+            place: Placement) -> tuple[list[Any], int | None]:  # fmt: skip
+    """Every rank's result, and the bytes the namespace hosts' links sent (None elsewhere)."""
     import hora
 
+    backend = backend.partition("+")[0]
+    if config.netns:
+        return scaling_netns.launch(spec, place.np, config.netns, config.link_rate,
+                                    _worker_env(backend, config.device))  # fmt: skip
     return hora.run(
         train, args=(spec,), num_proc=place.np, hosts=place.hosts_arg(),
         use_gloo=backend == "gloo", use_mpi=backend == "mpi",
         env=_worker_env(backend, config.device),
         start_timeout=config.start_timeout, ssh_port=config.ssh_port,
         ssh_identity_file=config.ssh_identity_file, ssh_config_file=config.ssh_config_file,
-    )  # fmt: skip
+    ), None  # fmt: skip
 
 
 def collect_environment(config: ScalingConfig) -> list[dict[str, str]]:
@@ -397,7 +443,8 @@ def _done_line(row: Row, base: float | None) -> str:
         f"{row['model']} {row['backend']} {row['servers']}x{row['per_server']}: "
         f"{row['step_mean_s'] * 1e3:.1f} ± {row['step_std_s'] * 1e3:.1f} ms/step, "
         f"{row['throughput']:.1f} samples/s{speedup}, comm wait {_share(row['comm_share'])}"
-        + gpus
+        + gpus + (f", {row['link_bytes_per_step'] / 1e6:.2f} MB/step on the links"
+                  if "link_bytes_per_step" in row else "")
     )
 
 
@@ -440,9 +487,11 @@ def run_scaling(config: ScalingConfig, stream: TextIO | None = None) -> ScalingR
     """Run every configuration of ``config``; progress on ``stream`` (default stderr)."""
     stream = stream or sys.stderr
     skipped = {
-        b: why for b in config.backends if (why := unavailable(b, config.device)) is not None
-    }
-    backends = [b for b in config.backends if b not in skipped]
+        b: why for b in config.backends if (why := unavailable(b, config.device)
+                                            or (scaling_netns.unavailable(b) if config.netns
+                                                else None)) is not None
+    }  # fmt: skip
+    backends = config.variants([b for b in config.backends if b not in skipped])
     total = len(config.models) * len(backends) * len(config.placements) * config.repeat
     progress = Progress(stream, max(total, 1))
     for backend, why in skipped.items():
@@ -460,6 +509,9 @@ def run_scaling(config: ScalingConfig, stream: TextIO | None = None) -> ScalingR
         "threads": config.threads,
         "repeat": config.repeat,
         "device": config.device,
+        "compressions": config.compressions,
+        "ddp_hook": config.ddp_hook,
+        **({"netns": config.netns, "link_rate": config.link_rate} if config.netns else {}),
         "gpu": gpu.describe() if config.device == "cuda" else None,
         "load_before": _load(),
     }
@@ -510,6 +562,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("-i", "--ssh-identity-file", help="ssh private key for the servers")
     add("--ssh-config-file", help="ssh client config (ssh -F) for host aliases")
     add("--start-timeout", type=float, default=30.0, help="seconds for a job to start")
+    add("--compression", default="none", help="comma-separated DistributedOptimizer "
+        f"compressions, each a configuration: {', '.join(compression.NAMES)} (default none)")
+    add("--ddp-hook", default="", help="the ddp backend with torch's PowerSGD hook: powersgd "
+        "(rank 4) or powersgd-r<R>")  # fmt: skip
+    add("--netns", type=int, default=0, metavar="HOSTS", help="across HOSTS network-namespace "
+        "hosts made here, links shaped to --link-rate (root; native and ddp)")  # fmt: skip
+    add("--link-rate", default="1gbit", metavar="RATE", help="with --netns: each host's link "
+        "per direction, in tc's notation (default 1gbit)")  # fmt: skip
 
 
 def config_from_args(args: argparse.Namespace) -> ScalingConfig:
@@ -526,6 +586,9 @@ def config_from_args(args: argparse.Namespace) -> ScalingConfig:
         examples_dir=args.examples_dir, data_dir=args.data_dir, ssh_port=args.ssh_port,
         ssh_identity_file=args.ssh_identity_file, ssh_config_file=args.ssh_config_file,
         start_timeout=args.start_timeout, device=getattr(args, "device", "auto"),
+        compressions=compression.parse_list(getattr(args, "compression", "none")),
+        ddp_hook=getattr(args, "ddp_hook", ""), netns=getattr(args, "netns", 0),
+        link_rate=getattr(args, "link_rate", "1gbit"),
     )  # fmt: skip
 
 

@@ -74,6 +74,8 @@ class TrainSpec:
     # torch DistributedDataParallel instead of hora's DistributedOptimizer (the lab's "ddp"
     # backend): Gloo on the CPU, NCCL on the GPU; hora only starts the ranks and agrees a port
     ddp: bool = False
+    compression: str = "none"  # DistributedOptimizer's (hora.lab.compression names)
+    ddp_hook: str = ""  # DDP's communication hook: "" or powersgd[-r<R>]
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -194,6 +196,7 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
 
     import hora.torch as hvd
     from hora.core.runtime import runtime
+    from hora.lab import compression
 
     if spec.threads > 0:
         torch.set_num_threads(spec.threads)
@@ -204,12 +207,16 @@ def _train(spec: TrainSpec) -> dict[str, Any]:
         model, next_batch, loss_fn = build(spec, rank, size, device)
         params = [p for p in model.parameters() if p.requires_grad]
         if spec.ddp:
-            model = _ddp(model, rank, size, device, hvd)
+            model = _ddp(model, rank, size, device, hvd, one_bucket=bool(spec.ddp_hook))
+            if spec.ddp_hook:
+                compression.register_ddp_hook(model, spec.ddp_hook)
         sgd = torch.optim.SGD(model.parameters(), lr=0.01 * size, momentum=0.9)
         optimizer: Any = sgd
         if not spec.ddp:
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-            optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+            optimizer = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
+                                                 compression=compression.make(spec.compression,
+                                                                              hvd))  # fmt: skip
         # DDP waits for its last gradients inside backward: its wait phase is empty and its
         # row says so (no comm share) rather than 0%
         synchronize = (lambda: None) if spec.ddp else optimizer.synchronize
@@ -268,7 +275,7 @@ def _torch_backend() -> str:
     return str(dist.get_backend())
 
 
-def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any) -> Any:
+def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any, one_bucket: bool = False) -> Any:
     """``model`` in torch's DistributedDataParallel, its process group started at the address
     hora's peers reach rank 0 on, on a port rank 0 found free there (both broadcast by hora)."""
     import torch
@@ -293,7 +300,9 @@ def _ddp(model: Any, rank: int, size: int, device: Any, hvd: Any) -> Any:
     cuda = device.type == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}",
                             rank=rank, world_size=size)  # fmt: skip
+    # a communication hook gets all gradients in one bucket: torch's PowerSGD hook over Gloo
+    # aborted with a collective size mismatch with the default 25 MB buckets
     return torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if cuda else None
+        model, device_ids=[device.index] if cuda else None, bucket_cap_mb=200 if one_bucket else 25
     )
 
