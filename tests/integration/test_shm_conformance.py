@@ -1,6 +1,8 @@
-"""The conformance battery over shared memory (the default between ranks of one host) and over
-TCP only (``HORA_SHM_DISABLE=1``), and large reductions, which take the direct shared-memory
-allreduce, for every dtype and op. Real processes; every test has a hard timeout."""
+"""The conformance battery over shared memory (the default between ranks of one host), over
+shared memory without single-copy reads (``HORA_SHM_SINGLE_COPY=0``, where a host with Yama's
+``ptrace_scope=1`` goes) and over TCP only (``HORA_SHM_DISABLE=1``), and large reductions,
+which take the direct shared-memory allreduce (or, staged, the shared arena in segments), for
+every dtype and op. Real processes; every test has a hard timeout."""
 
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ from harness import spawn_ranks
 cloudpickle.register_pickle_by_value(battery)  # the workers cannot import the tests' packages
 
 NO_SHM = {"HORA_SHM_DISABLE": "1"}
+STAGED = {"HORA_SHM_SINGLE_COPY": "0"}
+MODES = {"shm": None, "shm-staged": STAGED, "tcp-only": NO_SHM}
 DEBUG = {"HORA_LOG_LEVEL": "DEBUG"}
 
 
 def _pair_kinds(rank: int) -> list[str]:
-    """The class of this rank's DATA and CONTROL pairs to every other rank."""
+    """The class of this rank's DATA and CONTROL pairs to every other rank (a shared-memory
+    one with how it moves payloads)."""
     from hora.core import runtime
     from hora.transport.base import CONTROL, DATA
 
@@ -28,7 +33,9 @@ def _pair_kinds(rank: int) -> list[str]:
     kinds = []
     for peer in range(transport.size):
         if peer != rank:
-            kinds.append(type(transport.pair(peer, DATA)).__name__)
+            data = transport.pair(peer, DATA)
+            mode = {True: " single-copy", False: " staged", None: ""}
+            kinds.append(type(data).__name__ + mode[getattr(data, "single_copy", None)])
             kinds.append(type(transport.pair(peer, CONTROL)).__name__)
     return kinds
 
@@ -42,13 +49,15 @@ def _battery_with_pairs(rank: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("np_", [2, 3])
-@pytest.mark.parametrize("shm", [True, False], ids=["shm", "tcp-only"])
-def test_battery(np_: int, shm: bool) -> None:
-    results = spawn_ranks(_battery_with_pairs, np_, timeout=200, env=None if shm else NO_SHM)
+@pytest.mark.parametrize(
+    ("np_", "mode"), [(2, "shm"), (3, "shm"), (3, "shm-staged"), (2, "tcp-only"), (3, "tcp-only")]
+)
+def test_battery(np_: int, mode: str) -> None:
+    results = spawn_ranks(_battery_with_pairs, np_, timeout=200, env=MODES[mode])
+    data = {"shm": "ShmPair single-copy", "shm-staged": "ShmPair staged"}.get(mode, "TcpPair")
     for r in results:
         assert r.ok, f"rank {r.rank}: {r.status}\n{r.value}\n{r.stderr[-3000:]}"
-        want = ["ShmPair" if shm else "TcpPair", "TcpPair"] * (np_ - 1)
+        want = [data, "TcpPair"] * (np_ - 1)
         assert r.value["kinds"] == want, r.value["kinds"]
         for check in CHECKS:
             assert r.value["battery"].get(check) == "ok", (
@@ -102,11 +111,13 @@ def _large(rank: int) -> dict[str, Any]:
             if not ok:
                 bad.append(f"{dtype} {name}")
             digest.update(np.ascontiguousarray(got).tobytes())
-    # in place: 5 MiB through the shared arena, 9 MiB read where it lies (single copy)
-    for mib in (5, 9):
-        big = np.arange(mib * (1 << 18) + 3, dtype=np.float32) * (rank + 1)
+    # in place: 5 MiB through the shared arena, 9 and 17 MiB read where they lie (single
+    # copy), or without single-copy reads through the arena in one and two segments
+    for mib in (5, 9, 17):
+        ramp = (np.arange(mib * (1 << 18) + 3) % 1_000_003).astype(np.float32)  # sums exact
+        big = ramp * (rank + 1)
         hvd.allreduce(big, op=hvd.Sum, output=big, name=f"big{mib}")
-        want = np.arange(big.size, dtype=np.float32) * (size * (size + 1) // 2)
+        want = ramp * (size * (size + 1) // 2)
         if not np.array_equal(big, want):
             bad.append(f"{mib} MiB float32 in place")
     counts = [70_000 + 13 * r for r in range(size)]
@@ -119,13 +130,19 @@ def _large(rank: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("np_", [2, 3])
-def test_large_reductions_every_dtype_and_op_over_shared_memory(np_: int) -> None:
-    results = spawn_ranks(_large, np_, timeout=200, env=DEBUG)
+@pytest.mark.parametrize("single_copy", [True, False], ids=["single-copy", "staged"])
+def test_large_reductions_every_dtype_and_op_over_shared_memory(np_: int, single_copy: bool
+                                                                ) -> None:  # fmt: skip
+    env = DEBUG if single_copy else {**DEBUG, **STAGED}
+    results = spawn_ranks(_large, np_, timeout=200, env=env)
     for r in results:
         assert r.ok, f"rank {r.rank}: {r.status}\n{r.value}\n{r.stderr[-3000:]}"
         assert r.value["bad"] == [], r.value["bad"]
         arena = f"allreduce: shared arena for process set 0 of {np_} members: mapped"
         assert arena in r.stderr
-        assert "allreduce: direct over shared memory" in r.stderr
+        mode = "single-copy" if single_copy else "staged"
+        assert f"(shared memory), {mode}, open)" in r.stderr
+        # single buffers above 8 MiB: read where they lie, or staged through the arena
+        assert ("allreduce: direct over shared memory" in r.stderr) is single_copy
     # each block is reduced by one rank and then copied: every rank holds the same bits
     assert len({r.value["digest"] for r in results}) == 1

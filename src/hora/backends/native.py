@@ -43,6 +43,10 @@ ARENA_BYTES = 128 << 20
 # takes one exchange.
 MAPPED_MIN_BYTES = 64 << 10
 MAPPED_MAX_BYTES = 8 << 20
+# Where the set's pairs cannot read single-copy (Yama's ptrace_scope=1, HORA_SHM_SINGLE_COPY=0)
+# a larger single buffer goes through the arena too, in segments of this many bytes, rather
+# than through the pairs' staging slots (docs/shm.md, "Without single-copy reads").
+STAGED_SEGMENT_BYTES = 16 << 20
 # Direct mode's two exchange slots (exchange_slot): a two-member allreduce (or a run of them)
 # up to this size is handed over through them, one exchange of headers (hora.core.handover);
 # a larger one runs here, fused, with single-copy reads. Back to back, np=2, the two ways
@@ -103,10 +107,13 @@ class NativeBackend:
         arena = self._arenas.get(comm.process_set_id)
         views = arena.views(buf) if arena is not None else None  # the set's fusion buffer
         staged = None  # else a single buffer staged through the arena
-        if views is None and MAPPED_MIN_BYTES < buf.nbytes <= MAPPED_MAX_BYTES:
+        if views is None and buf.nbytes > MAPPED_MIN_BYTES:
             arena = self._arena(comm)
-            if arena is not None and buf.nbytes <= arena.nbytes:
+            if arena is not None and buf.nbytes <= min(MAPPED_MAX_BYTES, arena.nbytes):
                 staged = arena.region(0, buf.nbytes, buf.dtype)
+            elif arena is not None and not arena.pulls:
+                step = min(buf.nbytes, STAGED_SEGMENT_BYTES, arena.nbytes)
+                staged = arena.region(0, step - step % buf.itemsize, buf.dtype)
         if views is None and staged is None:
             # host-aware: shared memory inside a host, hierarchical across hosts, else flat
             hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),

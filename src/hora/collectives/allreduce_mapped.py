@@ -50,29 +50,42 @@ def allreduce_staged(
     out: np.ndarray | None = None,
 ) -> None:
     """Reduce every member's ``buf`` in place through the arena (``views``: every member's
-    part, laid out as ``buf``): each member copies its input into its part, reduces its block
-    straight into ``buf`` (its own input is read where it lies), writes the reduced block into
-    the others' parts, and at the end copies the others' blocks out of its own part. One copy
-    in and one copy of the others' blocks out, around :func:`allreduce_mapped`'s work. With
-    ``out``, the result goes there and ``buf`` is only read."""
-    n, me = comm.size, comm.rank
-    res = buf if out is None else out
-    if n == 1:
+    part, laid out as ``buf``): each member copies the others' blocks of its input into its
+    part (its own block is read where it lies, and nobody else reads it), reduces its block
+    straight into ``buf``, writes the reduced block into the others' parts, and at the end
+    copies the others' blocks out of its own part. The others' blocks copied in and out,
+    around :func:`allreduce_mapped`'s work. With ``out``, the result goes there and ``buf`` is
+    only read. A ``buf`` longer than the ``views`` goes through in segments of their size, one
+    after another."""
+    if comm.size == 1:
         if out is not None:
             np.copyto(out, buf)
         return
-    np.copyto(views[me], buf)
-    signal(comm)
-    bounds = _reduce_block(comm, res, views, reduce, None if out is None else buf)
-    signal(comm)
+    step = max(views[0].size, 1)
+    for a in range(0, buf.size, step):
+        b = min(a + step, buf.size)
+        seg = [v[: b - a] for v in views]
+        _staged(comm, buf[a:b], seg, reduce, None if out is None else out[a:b])
+
+
+def _staged(comm: Comm, buf: np.ndarray, views: Sequence[np.ndarray], reduce: Reducer,
+            out: np.ndarray | None) -> None:  # fmt: skip
+    """One segment of :func:`allreduce_staged` (``views`` of ``buf``'s size)."""
+    n, me = comm.size, comm.rank
+    res = buf if out is None else out
+    bounds = offsets_of(split_even(buf.size, n))
     mine = views[me]
-    for j in range(n):
-        if j != me:
-            a, b = bounds[j], bounds[j + 1]
-            res[a:b] = mine[a:b]
-    # copied in whole, and the others' blocks out
+    others = [(bounds[j], bounds[j + 1]) for j in range(n) if j != me]
+    for a, b in others:
+        mine[a:b] = buf[a:b]
+    signal(comm)
+    _reduce_block(comm, res, views, reduce, None if out is None else buf)
+    signal(comm)
+    for a, b in others:
+        res[a:b] = mine[a:b]
+    # the others' blocks, copied in and out
     own = (bounds[me + 1] - bounds[me]) * buf.itemsize
-    tally.counts[tally.MAPPED + tally.COPIED] += 2 * buf.nbytes - own
+    tally.counts[tally.MAPPED + tally.COPIED] += 2 * (buf.nbytes - own)
 
 
 def _reduce_block(

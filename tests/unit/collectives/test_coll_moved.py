@@ -63,10 +63,24 @@ def test_one_host(n: int) -> None:
     got = _run(n, [SMALL, ARENA, DIRECT])
     for rank, moved in enumerate(got):
         assert moved[SMALL] == _doubling("inline", n, rank, SMALL, 2), moved[SMALL]
-        part = ARENA * (n - 1) // n  # the arena: read the others' blocks, write the result
-        assert moved[ARENA] == _moved("mapped", part, part, ARENA + 2 * part, part), moved[ARENA]
+        part = ARENA * (n - 1) // n  # the arena: the others' blocks copied in, read by them,
+        # the result written into theirs, and theirs copied out
+        assert moved[ARENA] == _moved("mapped", part, part, 3 * part, part), moved[ARENA]
         part = DIRECT * (n - 1) // n  # reduce-scatter, then allgather: the bound
         assert moved[DIRECT] == _moved("single copy", 2 * part, 2 * part, 2 * part, part)
+
+
+@pytest.mark.timeout(120)
+def test_one_host_without_single_copy_reads() -> None:
+    """HORA_SHM_SINGLE_COPY=0 (as under Yama's ptrace_scope=1): a buffer above 8 MiB goes
+    through the shared arena as a smaller one does, in segments, instead of the staging slots
+    (which would copy 3(n-1)/n B besides)."""
+    n = 3
+    got = _run(n, [ARENA, DIRECT], env={"HORA_SHM_SINGLE_COPY": "0"})
+    for moved in got:
+        for b in (ARENA, DIRECT):
+            part = b * (n - 1) // n
+            assert moved[b] == _moved("mapped", part, part, 3 * part, part), moved[b]
 
 
 @pytest.mark.timeout(120)

@@ -8,8 +8,9 @@ needs, and no staging copy. The engine packs a fused response straight into this
 Each member creates an anonymous ``memfd`` of the arena's size (pages are allocated when first
 written), keeps its descriptor open, and sends every other member its pid, descriptor number and
 size over the set's pairs, with a random token it wrote at the start of its part; each member
-opens the others' through ``/proc/<pid>/fd/<n>`` (the kernel allows it exactly when it allows
-single-copy reads: same user, ptrace access), maps them and checks each token, so a pid that
+opens the others' through ``/proc/<pid>/fd/<n>`` (the kernel allows it to the same user: a
+ptrace *read* check, which Yama's ``ptrace_scope=1`` leaves alone, unlike the *attach* check of
+single-copy reads), maps them and checks each token, so a pid that
 names another process here (ranks in different pid namespaces) is caught. Then every member
 tells every other whether it mapped them all, and the arena is used only if all did, so every
 member decides alike. A memfd has no name: nothing is left behind on
@@ -39,7 +40,9 @@ from hora.transport.base import Pair
 
 log = logging.getLogger(__name__)
 
-_HELLO = struct.Struct("<qqq16s")  # pid, descriptor number, bytes, the token at its start
+# pid, descriptor number, bytes, the token at its start, and whether the member's pairs to
+# every other member read single-copy both ways
+_HELLO = struct.Struct("<qqq16s?")
 HEAD = 4096  # each part's own page before what callers lay out: the token, then the words
 _WORDS = 64  # the words' byte offset in the head (a cache line of their own)
 WORDS = 8  # int64 words per part (Arena.words)
@@ -49,10 +52,13 @@ _OK, _NO = b"\x01", b"\x00"
 class Arena:
     """This rank's part of a set's shared memory and its mappings of the others' parts."""
 
-    def __init__(self, fd: int, maps: list[mmap.mmap], rank: int) -> None:
+    def __init__(self, fd: int, maps: list[mmap.mmap], rank: int, pulls: bool = True) -> None:
         self._fd = fd  # kept open: the others open the memory through it
         self._maps = maps
         self.rank = rank
+        # every member's pairs to every other read single-copy both ways (the same on every
+        # member); False where the kernel refuses such reads (Yama) or HORA_SHM_SINGLE_COPY=0
+        self.pulls = pulls
         self.nbytes = min(len(m) for m in maps) - HEAD
         whole = [np.frombuffer(m, dtype=np.uint8) for m in maps]
         self._words = [w[_WORDS : _WORDS + 8 * WORDS].view(np.int64) for w in whole]
@@ -104,13 +110,15 @@ def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int) -> Arena | 
         found[rank] = mmap.mmap(fd, HEAD + nbytes)
         token = os.urandom(16)  # proves a mapping is this part, whatever the pid namespaces
         found[rank][: len(token)] = token
-        hello = _HELLO.pack(os.getpid(), fd, HEAD + nbytes, token)
         others = [i for i, p in enumerate(pairs) if p is not None]
+        pulls = all(getattr(pairs[i], "single_copy", False) for i in others)
+        hello = _HELLO.pack(os.getpid(), fd, HEAD + nbytes, token, pulls)
         for i in others:
             _pair(pairs, i).send_msg(hello)
         problem = ""
         for i in others:
-            pid, peer_fd, size, peer_token = _HELLO.unpack(_pair(pairs, i).recv_msg())
+            pid, peer_fd, size, peer_token, peer_pulls = _HELLO.unpack(_pair(pairs, i).recv_msg())
+            pulls = pulls and peer_pulls
             if problem:
                 continue
             try:
@@ -125,7 +133,7 @@ def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int) -> Arena | 
             _pair(pairs, i).send_msg(_NO if problem else _OK)
         verdicts = [_pair(pairs, i).recv_msg() for i in others]
         if not problem and all(v == _OK for v in verdicts):
-            return Arena(fd, [found[i] for i in range(len(pairs))], rank)
+            return Arena(fd, [found[i] for i in range(len(pairs))], rank, pulls)
         log.debug("shared arena not used: %s", problem or "another member could not map it")
     except BaseException:
         _release(fd, list(found.values()))

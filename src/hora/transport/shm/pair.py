@@ -144,6 +144,11 @@ class ShmPair:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def single_copy(self) -> bool:
+        """Whether both directions read the sender's memory (else one of them is staged)."""
+        return self._out.single_copy and self._in.single_copy
+
     # -- sending (engine thread, or the send lane) -------------------------------------------
 
     def send(self, buf: Buffer) -> None:
