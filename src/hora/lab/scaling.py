@@ -359,8 +359,14 @@ def run_configuration(
             contextlib.redirect_stdout(log_file),
             contextlib.redirect_stderr(log_file),
         ):
-            ranks, link_bytes = _launch(config, config.spec(model, progress_path, backend),
-                                        backend, place)  # fmt: skip
+            spec, base = config.spec(model, progress_path, backend), backend.partition("+")[0]
+            link_bytes = None  # what the namespace hosts' links sent
+            if config.netns:
+                ranks, link_bytes = scaling_netns.launch(spec, place.np, config.netns,
+                                                         config.link_rate,
+                                                         _worker_env(base, config.device))
+            else:
+                ranks = _launch(config, spec, base, place)
     except LaunchError as e:
         raise RuntimeError(_why(e, log_path)) from e
     finally:
@@ -369,7 +375,6 @@ def run_configuration(
         sampled = sampler.stop() if sampler is not None else None
         with contextlib.suppress(OSError):
             os.remove(progress_path)
-    base = backend.partition("+")[0]
     if any(r["backend"] != base for r in ranks):
         raise RuntimeError(f"asked for the {base} backend but ran on {ranks[0]['backend']}")
     info = {
@@ -384,22 +389,16 @@ def run_configuration(
     return {**bench_results.summarize(ranks, info), **(sampled or {})}
 
 
-def _launch(config: ScalingConfig, spec: TrainSpec, backend: str,
-            place: Placement) -> tuple[list[Any], int | None]:  # fmt: skip
-    """Every rank's result, and the bytes the namespace hosts' links sent (None elsewhere)."""
+def _launch(config: ScalingConfig, spec: TrainSpec, backend: str, place: Placement) -> list[Any]:
     import hora
 
-    backend = backend.partition("+")[0]
-    if config.netns:
-        return scaling_netns.launch(spec, place.np, config.netns, config.link_rate,
-                                    _worker_env(backend, config.device))  # fmt: skip
     return hora.run(
         train, args=(spec,), num_proc=place.np, hosts=place.hosts_arg(),
         use_gloo=backend == "gloo", use_mpi=backend == "mpi",
         env=_worker_env(backend, config.device),
         start_timeout=config.start_timeout, ssh_port=config.ssh_port,
         ssh_identity_file=config.ssh_identity_file, ssh_config_file=config.ssh_config_file,
-    ), None  # fmt: skip
+    )  # fmt: skip
 
 
 def collect_environment(config: ScalingConfig) -> list[dict[str, str]]:
