@@ -82,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="use fp16 compression during allreduce",
     )
     p.add_argument(
+        "--compression",
+        choices=["none", "fp16", "bf16", "powersgd", "topk"],
+        help="gradient compression (hora; powersgd: rank 4, exact for the first 10 steps; "
+        "topk: 1%% of each gradient, with error feedback); overrides --fp16-allreduce",
+    )
+    p.add_argument(
         "--use-mixed-precision",
         action="store_true",
         default=False,
@@ -149,6 +155,16 @@ def _find_mnist(data_dir: str) -> dict[str, str] | None:
         if len(found) == len(MNIST_FILES):
             return found
     return None
+
+
+def compression_of(args: argparse.Namespace) -> object:
+    """``DistributedOptimizer(compression=)`` for ``--compression`` (or ``--fp16-allreduce``)."""
+    name = args.compression or ("fp16" if args.fp16_allreduce else "none")
+    if name == "powersgd":
+        return hvd.Compression.powersgd(rank=4, start_iter=10)
+    if name == "topk":
+        return hvd.Compression.topk(ratio=0.01)
+    return getattr(hvd.Compression, name)
 
 
 def load_data(data_dir: str) -> tuple[TensorDataset, TensorDataset, str]:
@@ -251,7 +267,7 @@ def main(args: argparse.Namespace) -> float:
     optimizer = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
+        compression=compression_of(args),
         op=hvd.Adasum if args.use_adasum else hvd.Average,
         gradient_predivide_factor=args.gradient_predivide_factor,
     )
