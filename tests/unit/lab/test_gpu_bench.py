@@ -35,7 +35,7 @@ def test_cpu_stays_the_default() -> None:
     assert bench.config_from_args(_args("--np", "1")).np == 1  # a world of one's own cost
     with pytest.raises(ValueError, match="--np must be at least 1"):
         bench.config_from_args(_args("--np", "0"))
-    with pytest.raises(ValueError, match="choose from hora, hora-tcp, gloo, mpi$"):
+    with pytest.raises(ValueError, match="choose from hora, hora-tcp, hora-shm-staged, gloo, mpi$"):
         bench.config_from_args(_args("--backends", "nccl"))
 
 

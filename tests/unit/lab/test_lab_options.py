@@ -50,7 +50,7 @@ def test_default_sizes_are_powers_of_four_from_4k_to_256m() -> None:
 
 def test_parse_backends() -> None:
     assert bench.parse_backends("MPI, gloo,mpi") == ["mpi", "gloo"]
-    with pytest.raises(ValueError, match="choose from hora, hora-tcp, gloo, mpi"):
+    with pytest.raises(ValueError, match="choose from hora, hora-tcp, hora-shm-staged, gloo, mpi"):
         bench.parse_backends("hora,nccl")
 
 
