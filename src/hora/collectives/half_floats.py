@@ -125,7 +125,7 @@ def wide_reducer(ufunc: np.ufunc, dtype: str, factor: float = 1.0) -> Reducer:
     def reduce(acc: np.ndarray, incoming: np.ndarray, out: np.ndarray | None = None) -> None:
         res = acc if out is None else out
         c, n = _casts, res.size
-        step = min(PIECE, n)
+        step = max(1, min(PIECE, n))  # an empty buffer: no piece
         wa, wb = np.empty(step, np.float32), np.empty(step, np.float32)
         for a in range(0, n, step):
             b = min(a + step, n)
@@ -145,7 +145,7 @@ def wide_reducer(ufunc: np.ufunc, dtype: str, factor: float = 1.0) -> Reducer:
 def scale_wide(buf: np.ndarray, dtype: str, factor: float) -> None:
     """``buf *= factor`` on 16-bit float storage, in float32 piece by piece."""
     f, c, n = np.float32(factor), _casts, buf.size
-    step = min(PIECE, n)
+    step = max(1, min(PIECE, n))  # an empty buffer: no piece
     wide = np.empty(step, np.float32)
     for a in range(0, n, step):
         b = min(a + step, n)

@@ -128,3 +128,12 @@ def test_importing_hora_torch_installs_its_casts_and_new_reducers_follow() -> No
     finally:
         hf.use_casts(before)
     assert isinstance(hf.casts(), torch_casts.TorchCasts)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_empty_buffers_reduce_and_scale_to_nothing(dtype: str) -> None:
+    store = np.uint16 if dtype == "bfloat16" else np.float16
+    acc, incoming = np.empty(0, store), np.empty(0, store)
+    hf.wide_reducer(np.add, dtype, 0.5)(acc, incoming)
+    hf.scale_wide(acc, dtype, 2.0)
+    assert acc.size == 0
