@@ -66,8 +66,8 @@ class TopK(GradientCompressor):
         idx, vals = np.concatenate(idx_parts), np.concatenate(val_parts)
         all_idx, all_vals = ops.grouped_allgather([idx, vals], process_set=ps,
                                                   name="hora.topk.sent")  # fmt: skip
-        summed = np.bincount(all_idx, weights=all_vals, minlength=total).astype(np.float64, copy=False)
-        np.divide(summed, ps.size(), out=summed)
+        summed = np.bincount(all_idx, weights=all_vals, minlength=total)  # float64, in rank order
+        summed = np.divide(summed, ps.size(), dtype=np.float64)
         at = 0
         for flat in flats:
             np.copyto(flat, summed[at : at + flat.size], casting="same_kind")
