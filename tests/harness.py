@@ -172,3 +172,18 @@ def run_ranks(
         ]
         raise AssertionError("ranks failed:\n" + "\n".join(lines))
     return [r.value for r in results]
+
+
+def run_checks(checks: dict[str, Callable[..., None]], *args: Any) -> dict[str, str]:
+    """Every check called with ``args`` in turn: ``"ok"`` or its traceback, by name (one that
+    fails does not stop the others). For a battery of checks run in one spawn of ranks."""
+    import traceback
+
+    out = {}
+    for name, check in checks.items():
+        try:
+            check(*args)
+            out[name] = "ok"
+        except Exception:
+            out[name] = traceback.format_exc()
+    return out

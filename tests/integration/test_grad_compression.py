@@ -5,12 +5,11 @@ and broadcast_optimizer_state. All checks of a world size run in one spawn."""
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 import pytest
 
-from harness import run_ranks
+from harness import run_checks, run_ranks
 
 
 def check_numpy_reference(r: int, n: int) -> None:
@@ -153,17 +152,10 @@ def run_all(rank: int) -> dict[str, str]:
     import hora.torch as hvd
 
     hvd.init()
-    out = {}
     try:
-        for name, check in CHECKS.items():
-            try:
-                check(hvd.rank(), hvd.size())
-                out[name] = "ok"
-            except Exception:
-                out[name] = traceback.format_exc()
+        return run_checks(CHECKS, hvd.rank(), hvd.size())
     finally:
         hvd.shutdown()
-    return out
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")

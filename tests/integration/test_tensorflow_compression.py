@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import traceback
 from typing import Any
 
 import pytest
 
-from harness import run_ranks
+from harness import run_checks, run_ranks
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None,
@@ -91,17 +90,10 @@ def run_all(rank: int) -> dict[str, str]:
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     hvd.init()
-    out = {}
     try:
-        for name, check in CHECKS.items():
-            try:
-                check({"tf": tf, "hvd": hvd, "hvd_tf": hvd_tf}, hvd.rank(), hvd.size())
-                out[name] = "ok"
-            except Exception:
-                out[name] = traceback.format_exc()
+        return run_checks(CHECKS, {"tf": tf, "hvd": hvd, "hvd_tf": hvd_tf}, hvd.rank(), hvd.size())
     finally:
         hvd.shutdown()
-    return out
 
 
 @pytest.fixture(scope="module")
