@@ -108,6 +108,17 @@ class TwoHosts:
         return False
 
 
+def _nccl_backend(r: int, store: StoreClient, fake: FakeStreams, knob: str) -> Any:
+    """Rank ``r``'s NcclBackend of the two hosts (``knob`` set to 1 unless empty), its groups
+    Gloo's and its streams faked (no GPU here), with the set of all four added."""
+    me = Identity(rank=r, size=4, local_rank=r % 2, local_size=2, cross_rank=r // 2,
+                  cross_size=2)  # fmt: skip
+    env = {"HORA_GLOO_TIMEOUT_SECONDS": "10", **({knob: "1"} if knob else {})}
+    b = nccl_on_cpu(BackendContext(me, load(env), store, "test", "test"), fake)
+    b.add_process_set(0, [0, 1, 2, 3])
+    return b
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("knob", ["HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_TORUS_ALLREDUCE", ""])
 def test_the_nccl_backend_reduces_inside_each_host_then_across(
@@ -117,11 +128,7 @@ def test_the_nccl_backend_reduces_inside_each_host_then_across(
     every allreduce of the set goes the two-level way and gives the flat result; without the
     knob, the flat way."""
     def rank(r: int) -> Any:
-        me = Identity(rank=r, size=4, local_rank=r % 2, local_size=2, cross_rank=r // 2,
-                      cross_size=2)  # fmt: skip
-        env = {"HORA_GLOO_TIMEOUT_SECONDS": "10", **({knob: "1"} if knob else {})}
-        b = nccl_on_cpu(BackendContext(me, load(env), store4[r], "test", "test"), fake_cuda)
-        b.add_process_set(0, [0, 1, 2, 3])
+        b = _nccl_backend(r, store4[r], fake_cuda, knob)
         comm = SetComm([0, 1, 2, 3], r, TwoHosts(), 0)  # type: ignore[arg-type]
         x = torch.arange(9, dtype=torch.float32) + r
         b.allreduce(comm, x, "float32", SUM)
@@ -148,11 +155,7 @@ def test_the_nccl_backends_groups_outlive_gc_before_their_first_op(
     monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "1")
 
     def rank(r: int) -> Any:
-        me = Identity(rank=r, size=4, local_rank=r % 2, local_size=2, cross_rank=r // 2,
-                      cross_size=2)  # fmt: skip
-        env = {"HORA_GLOO_TIMEOUT_SECONDS": "10", **({knob: "1"} if knob else {})}
-        b = nccl_on_cpu(BackendContext(me, load(env), store4[r], "test", "test"), fake_cuda)
-        b.add_process_set(0, [0, 1, 2, 3])
+        b = _nccl_backend(r, store4[r], fake_cuda, knob)
         gc.collect()
         comm = SetComm([0, 1, 2, 3], r, TwoHosts(), 0)  # type: ignore[arg-type]
         x = torch.arange(5, dtype=torch.float32) + r
