@@ -1,6 +1,6 @@
 """PowerSGD and top-k against NumPy references (tests/compression_reference.py), in a world of
 one: the exact first iterations, error feedback across steps, what is left uncompressed, state.
-Several ranks: tests/integration/test_grad_compression.py."""
+Several ranks: tests/integration/test_grad_compression_ranks.py."""
 
 from __future__ import annotations
 
