@@ -61,9 +61,22 @@ def test_tensorflow_notes_hidden_by_default(tmp_path: Path) -> None:
     assert "Could not find cuda drivers" not in err and "failed call to cuInit" not in err, err
 
 
-@pytest.mark.timeout(120)
+@pytest.fixture(scope="module")
+def notes_here() -> list[str]:
+    """The notes TensorFlow prints at import on this machine, unfiltered: which ones depends on
+    the CPU (the oneDNN note only where oneDNN is on by default: AVX-512 VNNI, AMX, ...)."""
+    environ = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True,
+                          text=True, timeout=100, env=environ)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    here = [n for n in NOTES if n in done.stderr]
+    assert NOTES[0] in here, done.stderr  # absl's banner, printed everywhere
+    return here
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("how", ["flag", "env"])
-def test_tf_logs_knob_brings_them_back(tmp_path: Path, how: str) -> None:
+def test_tf_logs_knob_brings_them_back(tmp_path: Path, how: str, notes_here: list[str]) -> None:
     if how == "flag":
         _, err = run(tmp_path, "--tf-logs")
     else:
@@ -71,4 +84,4 @@ def test_tf_logs_knob_brings_them_back(tmp_path: Path, how: str) -> None:
     for r in range(2):
         assert f"[{r}]<stderr>:WARNING: All log messages before absl::InitializeLog()" in err
     shown = [n for n in NOTES if n in err]
-    assert shown == NOTES, err
+    assert shown == notes_here, err
