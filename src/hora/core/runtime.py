@@ -403,6 +403,11 @@ def runtime() -> Runtime:
     return rt
 
 
+def elastic_round() -> int:
+    """The elastic round this process joined last (-1: none, or not an elastic worker)."""
+    return _elastic_round
+
+
 def is_initialized() -> bool:
     return _runtime is not None
 

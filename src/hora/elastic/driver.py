@@ -230,7 +230,8 @@ class ElasticJob(Job):
             self._store.set(rdv.assign_key(r, m.id), rdv.encode_assignment(slot))
             m.rank = slot.rank
         self._store.set(rdv.ROUND, str(r).encode())
-        self._store.set(rdv.formed_key(r), b"1")
+        # the host changes this round takes in: later ones interrupt its workers
+        self._store.set(rdv.formed_key(r), str(self._updates).encode())
         self._round, self._current = r, {m.id for m in members}
         if r:
             log.info("elastic: round %d formed with %d workers", r, len(members))

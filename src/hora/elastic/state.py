@@ -58,7 +58,13 @@ class State:
         changed; rank 0 asks the launcher and tells the others."""
         # rank 0's last count goes with the new one, so that every rank decides as rank 0
         # does: a worker that joined since (it has seen no count yet) raises with the others
-        mine = (self._seen_updates, *host_updates()) if self._rank() == 0 else None
+        # A state that has not checked yet has seen the changes its round was formed with: a
+        # change made before its first check (discovery that is quicker than the first
+        # commit) still interrupts, and is not taken as already seen.
+        mine = None
+        if self._rank() == 0:
+            seen = self._seen_updates if self._seen_updates >= 0 else round_host_updates()
+            mine = (seen, *host_updates())
         seen, count, removed_only = self._bcast_object(mine, 0, name="hora.elastic.hosts")
         self._seen_updates = count
         if 0 <= seen < count:
@@ -103,6 +109,18 @@ class ObjectState(State):
             values = self._bcast_object(self._values(), 0, name="hora.elastic.objects")
             self.__dict__.update(values)
         self.save()  # a restore after this goes back to the synced values
+
+
+def round_host_updates() -> int:
+    """How many host changes this worker's current round took in when the launcher formed it;
+    0 outside an elastic job."""
+    from hora.core import runtime
+    from hora.rendezvous import rounds
+
+    rt, r = runtime.runtime(), runtime.elastic_round()
+    if not rt.settings.elastic or rt.store is None or r < 0:
+        return 0
+    return rounds.round_host_updates(rt.store, r)
 
 
 def host_updates() -> tuple[int, bool]:

@@ -6,7 +6,8 @@ prefix, so a round never mixes with the one before. Keys, all under ``elastic/``
 
 * ``round``: the newest round formed (decimal).
 * ``<r>/assign/<worker>``: ``rank,size,local_rank,local_size,cross_rank,cross_size,host`` of a
-  member of round ``r``; ``<r>/formed`` is set once all of round ``r`` is written.
+  member of round ``r``; ``<r>/formed`` is set once all of round ``r`` is written, to the
+  count of host changes (``hosts`` below) the round takes in.
 * ``<r>/ready/<worker>``: a worker asks to be in round ``r`` (after a failure, a change of
   hosts, or when it is new).
 * ``removed/<worker>``: the worker's host left the job (removed by discovery, or blacklisted
@@ -78,6 +79,12 @@ def encode_assignment(slot: Any) -> bytes:
         slot.hostname,
     )
     return ",".join(str(f) for f in fields).encode()
+
+
+def round_host_updates(store: Any, r: int) -> int:
+    """How many host changes the launcher had made when it formed round ``r``: those the
+    round takes in (a later change interrupts its workers)."""
+    return int(store.get(formed_key(r)))
 
 
 def read_host_updates(store: Any) -> tuple[int, bool]:
