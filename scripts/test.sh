@@ -15,5 +15,5 @@ hora_do "$PY" -m ruff check src tests examples
 hora_do "$PY" -m mypy
 hora_log "running the tests: unit tests first, then the conformance suite, then the integration" \
   "tests (launcher, faults, TensorFlow, Spark, Ray, several hosts); one line per test file, about" \
-  "20-25 minutes on two idle cores"
+  "35 minutes on two idle cores"
 hora_do "$PY" -m pytest -rs "$@"
