@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 from harness import spawn_ranks
+from hora.lab.procs import free_port
 
 # looked up, not imported: the ranks import them (Lightning's import takes seconds)
 pytestmark = pytest.mark.skipif(
@@ -51,11 +51,6 @@ def _env() -> dict[str, str]:
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return env
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job(argv: list[str], clients: str, out: Path, *flags: str) -> dict[str, list[dict[str, Any]]]:
@@ -178,7 +173,7 @@ def assert_accelerate(per_rank: list[dict[str, Any]]) -> None:
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_accelerate_under_torchrun(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(_free_port())]  # fmt: skip
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
     assert_accelerate(job(argv, "accelerate", tmp_path)["accelerate"])
 
 

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import pytest
@@ -23,12 +22,7 @@ import torch
 
 from cuda_fakes import cuda_only, fake_gpu_process
 from harness import run_ranks
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from hora.lab.procs import free_port
 
 
 # -- per-device backends on real ranks ------------------------------------------------------
@@ -116,7 +110,7 @@ def ddp_on_fake_gpu(rank: int) -> dict[str, Any]:
     dist.init_process_group("hora")
     direct = core_runtime.runtime().engine.executor.device_ops is not None
     hora_losses = _train(rank)
-    port = hvd.broadcast_object(_free_port() if rank == 0 else None, 0)
+    port = hvd.broadcast_object(free_port() if rank == 0 else None, 0)
     dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)  # fmt: skip

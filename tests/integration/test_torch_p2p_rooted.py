@@ -15,7 +15,6 @@ usable, and a peer killed while others wait on it makes them raise, naming it.
 from __future__ import annotations
 
 import os
-import socket
 import time
 import traceback
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 import torch
 
 from harness import run_ranks, spawn_ranks
+from hora.lab.procs import free_port
 
 SIZES = [2, 3]
 
@@ -201,7 +201,7 @@ def battery(rank: int, where: str) -> dict[str, Any]:
         result = analytic(rank, n)
     except Exception:
         return {"hora": traceback.format_exc()}
-    port = hvd.broadcast_object(_free_port() if rank == 0 else None, 0)
+    port = hvd.broadcast_object(free_port() if rank == 0 else None, 0)
     dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=n)  # fmt: skip
@@ -210,11 +210,6 @@ def battery(rank: int, where: str) -> dict[str, Any]:
     result["compare"] = compare(hora_runs, gloo_runs)
     return result
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def compare(hora_runs: dict[str, Any], gloo_runs: dict[str, Any]) -> dict[str, str]:
