@@ -63,8 +63,6 @@ def worker(plan: dict[str, Any]) -> None:
             json.dump(out, f)
         os.replace(plan["out"] + ".tmp", plan["out"])
     dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # no finalizers: torch may free a Gloo group with the GIL held and hang
 
 
 def _lightning(backend: str, net: Any, batches: Any, loss_fn: Any,

@@ -304,7 +304,12 @@ def script_main(argv: list[str] | None, module: str, worker: Callable[[dict[str,
     if argv[:1] == ["--worker"] and len(argv) == 2:
         with open(argv[1]) as f:
             worker(json.load(f))
-        return 0
+        # No interpreter finalizers: a DDP model still holds its Gloo group after
+        # destroy_process_group(), and freeing that group while the interpreter is torn down
+        # aborts ("terminate called without an active exception") or hangs with the GIL held.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     parser = argparse.ArgumentParser(prog=f"python -m {module}", epilog=examples,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     configure(parser)
