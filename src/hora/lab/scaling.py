@@ -48,6 +48,7 @@ from hora.lab import bench_report, bench_results, compression, envreport, gpu, s
 from hora.lab.bench_results import Row, ScalingResult
 from hora.lab.gpu_sampler import GpuSampler
 from hora.lab.netns import parse_rate as netns_parse_rate
+from hora.lab.progress import Progress, poll, timed
 from hora.lab.train_worker import DEFAULT_BATCH, DEFAULT_GPU_BATCH, MODELS, TrainSpec, train
 from hora.launch.hosts import HostSlots, parse_hostfile, parse_hosts
 from hora.launch.workerenv import TORCH_HUGE_PAGES
@@ -234,69 +235,6 @@ class ScalingConfig:
         )  # fmt: skip
 
 
-class Progress:
-    """The progress bar (a redrawn line on a terminal) and one line per finished configuration.
-
-    ``step`` is called from the polling thread, the rest from the caller's; a lock keeps lines
-    whole.
-    """
-
-    def __init__(self, stream: TextIO, total: int) -> None:
-        self.stream, self.total, self.done = stream, total, 0
-        self.tty = stream.isatty()
-        self.current = ""
-        self._lock = threading.Lock()
-
-    def _bar(self, fraction: float) -> str:
-        filled = int(24 * fraction)
-        return "[" + "#" * filled + "." * (24 - filled) + "]"
-
-    def start(self, what: str) -> None:
-        with self._lock:
-            self.current = what
-            self._draw(f"starting ({self.done + 1}/{self.total})")
-
-    def step(self, done: int, total: int) -> None:
-        with self._lock:
-            self._draw(f"step {done}/{total}", done / total)
-
-    def _draw(self, status: str, within: float = 0.0) -> None:
-        if self.tty:
-            bar = self._bar((self.done + within) / self.total)
-            text = f"{bar} {self.done}/{self.total} {self.current}: {status}"
-            self.stream.write("\r" + text[:150] + "\x1b[K")
-            self.stream.flush()
-
-    def line(self, text: str, finished: bool = True) -> None:
-        with self._lock:
-            self.done += finished
-            prefix = f"[{self.done}/{self.total}] " if finished else ""
-            self.stream.write(("\r\x1b[K" if self.tty else "") + prefix + text + "\n")
-            self.stream.flush()
-
-
-def read_progress(path: str) -> tuple[int, int] | None:
-    """(steps done, steps in all) from rank 0's progress file; None before it is written."""
-    with contextlib.suppress(OSError, ValueError):
-        with open(path) as f:
-            done, total = map(int, f.read().split())
-        return done, total
-    return None
-
-
-def _poll(path: str, progress: Progress, stop: threading.Event) -> None:
-    while not stop.wait(0.3):
-        found = read_progress(path)
-        if found is not None:
-            progress.step(*found)
-
-
-def _timed(path: str, warmup: int) -> bool:
-    """Whether the timed steps have begun and not ended (rank 0's progress file says so)."""
-    found = read_progress(path)
-    return found is not None and warmup <= found[0] < found[1]
-
-
 def _why(error: Exception, log_path: str) -> str:
     """One line: what failed, and the last line the workers wrote about it."""
     text = str(error).strip().splitlines()
@@ -327,7 +265,7 @@ def _sampler(config: ScalingConfig, place: Placement, progress_path: str) -> Gpu
         return None
     used = min(place.per_server, max(gpu.device_count(), 1))
     warmup = config.warmup
-    return GpuSampler(gpu.visible_indices(used), timed=lambda: _timed(progress_path, warmup))
+    return GpuSampler(gpu.visible_indices(used), timed=lambda: timed(progress_path, warmup))
 
 
 def run_configuration(
@@ -348,7 +286,7 @@ def run_configuration(
             )
     sampler = _sampler(config, place, progress_path)
     stop = threading.Event()
-    poller = threading.Thread(target=_poll, args=(progress_path, progress, stop), daemon=True)
+    poller = threading.Thread(target=poll, args=(progress_path, progress, stop), daemon=True)
     poller.start()
     if sampler is not None:
         sampler.start()

@@ -22,6 +22,7 @@ import torch
 
 from hora.lab import bench_report, envreport, gpu, gpu_sampler, scaling
 from hora.lab.gpu_sampler import GpuSampler, Sample
+from hora.lab.progress import Progress
 from hora.lab.scaling import Placement
 from hora.lab.train_worker import DEFAULT_GPU_BATCH, TrainSpec
 
@@ -250,7 +251,7 @@ def test_a_cuda_configuration_gets_the_sampled_gpu_columns(
         return [_fake_rank(spec.steps)]
 
     monkeypatch.setattr(scaling, "_launch", launch)
-    progress = scaling.Progress(io.StringIO(), 1)
+    progress = Progress(io.StringIO(), 1)
     row = scaling.run_configuration(config, "mlp", "native", Placement(1, 1), str(tmp_path),
                                     progress)  # fmt: skip
     assert row["device"] == "cuda" and row["gpu_sampled"] == "timed steps"

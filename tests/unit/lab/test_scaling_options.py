@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hora.lab import envreport, gpu, scaling
+from hora.lab.progress import Progress
 from hora.lab.scaling import Placement
 from hora.lab.train_worker import TrainSpec, load_example
 from hora.launch.hosts import HostSlots
@@ -94,7 +95,7 @@ def test_unavailable_backends_say_why() -> None:
 
 def test_progress_writes_a_line_per_configuration_without_a_terminal() -> None:
     stream = io.StringIO()
-    progress = scaling.Progress(stream, total=2)
+    progress = Progress(stream, total=2)
     progress.line("skipped nccl: no GPU", finished=False)
     progress.start("cnn native 1 server x 1")
     progress.step(3, 10)
@@ -108,7 +109,7 @@ def test_progress_redraws_a_bar_on_a_terminal() -> None:
             return True
 
     stream = Tty()
-    progress = scaling.Progress(stream, total=2)
+    progress = Progress(stream, total=2)
     progress.line("first")
     progress.start("cnn gloo 1 server x 2")
     progress.step(5, 10)
@@ -184,7 +185,7 @@ def test_rounds_keep_each_configurations_best_and_record_failures(
     }  # fmt: skip
 
     def fake(config: scaling.ScalingConfig, model: str, backend: str, place: Placement,
-             logdir: str, progress: scaling.Progress, round_: int) -> dict:  # fmt: skip
+             logdir: str, progress: Progress, round_: int) -> dict:  # fmt: skip
         step = steps[(place.np, round_)]
         if step is None:
             raise RuntimeError("rank 1 exited")
@@ -195,7 +196,7 @@ def test_rounds_keep_each_configurations_best_and_record_failures(
     monkeypatch.setattr(scaling, "run_configuration", fake)
     config = scaling.ScalingConfig(models=["mlp"], backends=["native"], repeat=3)
     stream = io.StringIO()
-    rows, failed = scaling._measure_all(config, ["native"], scaling.Progress(stream, 6), "/x")
+    rows, failed = scaling._measure_all(config, ["native"], Progress(stream, 6), "/x")
     assert [(r["np"], r["step_mean_s"], r["round_step_means_s"]) for r in rows] == [
         (1, 0.20, [0.30, 0.20, 0.25]), (2, 0.40, [0.40, 0.50]),
     ]  # fmt: skip
