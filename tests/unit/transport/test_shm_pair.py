@@ -35,7 +35,7 @@ def _exchange(rank: int, single_copy: bool) -> dict[str, Any]:
 
     import numpy as np
 
-    from hora.transport.shm.pair import EAGER_LIMIT
+    from hora.transport.shm.frames import EAGER_LIMIT
     from hora.transport.shm.staging import SLOT_BYTES, SLOTS
 
     t = _transport(rank, single_copy)
@@ -281,7 +281,7 @@ def _write_back(rank: int, single_copy: bool) -> dict[str, Any]:
     import numpy as np
 
     from hora.collectives.hierarchical import _allreduce_pair
-    from hora.transport.shm.pair import WRITE_BACK_MIN
+    from hora.transport.shm.frames import WRITE_BACK_MIN
 
     t = _transport(rank, single_copy)
     pair = t.pair(1 - rank)
@@ -339,7 +339,7 @@ def test_reduced_blocks_are_written_back_into_the_senders_buffer(single_copy: bo
     """``isend_reduce``: over single copy, the peer writes each reduced piece back into the
     sender's buffer (no second phase); inline and staged frames fall back to a plain frame
     answered with the reduced block, and the two kinds mix within one allreduce."""
-    from hora.transport.shm.pair import WRITE_BACK_MIN
+    from hora.transport.shm.frames import WRITE_BACK_MIN
 
     results = run_ranks(_write_back, 2, args=(single_copy,), timeout=100)
     for rank, out in enumerate(results):
@@ -413,7 +413,7 @@ def test_a_pulled_piece_lands_at_its_sources_offset_in_a_page() -> None:
     import numpy as np
 
     from hora.transport.shm.fold import beside as _beside
-    from hora.transport.shm.pair import EAGER_LIMIT, REDUCE_CHUNK
+    from hora.transport.shm.frames import EAGER_LIMIT, REDUCE_CHUNK
 
     scratch = np.empty(max(REDUCE_CHUNK + 4096, EAGER_LIMIT), np.uint8)  # as recv_reduce has
     base = scratch.ctypes.data

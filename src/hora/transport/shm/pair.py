@@ -30,7 +30,6 @@ operation fails at once. ``close`` is safe from any thread.
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -53,57 +52,37 @@ from hora.transport.shm.fold import (
     offsets_of_parts,
     ranges,
 )
+from hora.transport.shm.frames import (
+    ACK,
+    DEST,
+    EAGER,
+    EAGER_LIMIT,
+    HEADER,
+    KIND_NAMES,
+    MAX_SPANS,
+    MSG,
+    PULL,
+    PULLV,
+    REDUCE_CHUNK,
+    SPAN,
+    STAGED,
+    WRITE_APART,
+    WRITE_BACK,
+    WRITE_BACK_MIN,
+    as_bytes,
+    inline_frame,
+    tally_frame,
+)
 from hora.transport.shm.staging import SLOT_BYTES, SLOTS, Staging
 from hora.transport.tcp.pair import byte_view
 from hora.transport.tcp.wire import hard_close, recv_exact_into
 
-HEADER = struct.Struct("=BBxxIQQ")  # kind, slot, chunk bytes, total bytes, address
-SPAN = struct.Struct("=QQ")  # a gathered single-copy frame: (address, bytes) per part
-EAGER, PULL, STAGED, MSG, PULLV = 1, 2, 3, 4, 5
-KIND_NAMES = {
-    EAGER: "inline data",
-    PULL: "single-copy data",
-    STAGED: "staged data",
-    MSG: "message",
-    PULLV: "gathered single-copy data",
-}
-EAGER_LIMIT = 512 << 10  # inline below: cheaper than a pull and its acknowledgement
-# bytes pulled per step of a reducing receive (one system call, then reduced while it is in
-# the caches): at np=2 against 256 KiB steps, a 16 MiB allreduce took 2.4-3.1 against 2.8-3.8
-# ms, 64 MiB 7.3-8.8 against 9.1-12.5 ms, ResNet-50's 161 gradients fused 26.5-27.0 against
-# 29.7-29.9 ms (the two alternating in one process; 2 MiB steps were no better)
-REDUCE_CHUNK = 1 << 20
-MAX_SPANS = 1 << 16  # parts of one gathered frame, at most
-WRITE_BACK = 1  # in the slot byte of a single-copy frame: reduce it, then write the result back
-WRITE_APART = 2  # ... and write the result at the address that follows the header instead
-DEST = struct.Struct("=Q")  # that address
-_ACK = b"\x06"
-WRITE_BACK_MIN = 256 << 10  # an isend_reduce frame above this is written back (docs/shm.md)
-_MAX_IOV = 512  # pieces of one sendmsg, at most (the kernel's IOV_MAX is 1024)
 _DONE = Completion(done=True)  # shared by every isend that completed at once
+
 
 def _views(bufs: Sequence[Buffer], writable: bool = False) -> list[memoryview]:
     """Flat byte views of the non-empty ``bufs``."""
     return [v for v in (byte_view(b, writable=writable) for b in bufs) if v.nbytes]
-
-
-def _inline(total: int, views: list[memoryview]) -> list[bytes | memoryview]:
-    """An inline frame as the pieces of one ``sendmsg``: the header, then the payload (joined
-    into one piece when it has more parts than a system call takes)."""
-    head = HEADER.pack(EAGER, 0, total, total, 0)
-    return [head, *views] if len(views) < _MAX_IOV else [head, b"".join(views)]
-
-
-def _count(path: int, way: int, nbytes: int, copied: int) -> None:
-    """Count a frame's bytes (:mod:`hora.transport.tally`)."""
-    counts = tally.counts
-    counts[path + way] += nbytes
-    counts[path + tally.COPIED] += copied
-
-
-def as_bytes(arr: np.ndarray) -> memoryview:
-    """The memory of ``arr`` (C-contiguous) as a flat byte view, without copying."""
-    return memoryview(arr).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
 
 
 @dataclass
@@ -167,10 +146,10 @@ class ShmPair:
         if self._closed or not self._sender.idle():
             return self._sender.submit(partial(self._send_blocking, views))
         if total <= EAGER_LIMIT:
-            _count(tally.INLINE, tally.SENT, total, total)
-            return self._write_soon(_inline(total, views))
+            tally_frame(tally.INLINE, tally.SENT, total, total)
+            return self._write_soon(inline_frame(total, views))
         if self._out.single_copy:
-            _count(tally.SINGLE_COPY, tally.SENT, total, 0)
+            tally_frame(tally.SINGLE_COPY, tally.SENT, total, 0)
             return self._pulled(views)
         return self._sender.submit(partial(self._send_blocking, views))
 
@@ -210,8 +189,8 @@ class ShmPair:
             or (dest is not None and (len(views) != 1 or dest.nbytes != total))
         ):
             return self.isend_parts(views), False
-        _count(tally.SINGLE_COPY, tally.SENT, total, 0)  # the peer reads it, then writes
-        _count(tally.SINGLE_COPY, tally.RECEIVED, total, 0)  # the result back into it
+        tally_frame(tally.SINGLE_COPY, tally.SENT, total, 0)  # the peer reads it, then writes
+        tally_frame(tally.SINGLE_COPY, tally.RECEIVED, total, 0)  # the result back into it
         return self._pulled(views, WRITE_BACK if dest is None else WRITE_APART, dest), True
 
     def send_msg(self, payload: bytes) -> None:
@@ -225,15 +204,15 @@ class ShmPair:
         """Send one data frame on this thread; return when the sender's buffers are free."""
         total = sum(v.nbytes for v in views)
         if total <= EAGER_LIMIT:
-            _count(tally.INLINE, tally.SENT, total, total)
-            self._write(_inline(total, views))
+            tally_frame(tally.INLINE, tally.SENT, total, total)
+            self._write(inline_frame(total, views))
         elif self._out.single_copy:
-            _count(tally.SINGLE_COPY, tally.SENT, total, 0)
+            tally_frame(tally.SINGLE_COPY, tally.SENT, total, 0)
             acked, head = self._announce(views)
             self._write(head)
             acked.wait()
         else:
-            _count(tally.STAGED, tally.SENT, total, total)
+            tally_frame(tally.STAGED, tally.SENT, total, total)
             staging = self._out.staging
             assert staging is not None
             offsets = offsets_of_parts([v.nbytes for v in views])
@@ -346,7 +325,7 @@ class ShmPair:
                 return
             done = []
             with self._lock:
-                if got > len(self._unacked) or buf[:got].count(_ACK) != got:
+                if got > len(self._unacked) or buf[:got].count(ACK) != got:
                     problem = "an unexpected acknowledgement"
                 else:
                     problem = ""
@@ -435,9 +414,9 @@ class ShmPair:
             shift = DEST.unpack(raw)[0] - addr
         offsets = offsets_of_parts([v.nbytes for v in views])
         path = {EAGER: tally.INLINE, STAGED: tally.STAGED}.get(kind, tally.SINGLE_COPY)
-        _count(path, tally.RECEIVED, total, 0 if kind == STAGED and fold else total)
+        tally_frame(path, tally.RECEIVED, total, 0 if kind == STAGED and fold else total)
         if back:  # the reduced frame written back into the peer's memory
-            _count(path, tally.SENT, total, total)
+            tally_frame(path, tally.SENT, total, total)
         if kind == EAGER:
             if fold is None:
                 for view in views:
@@ -534,7 +513,7 @@ class ShmPair:
 
     def _ack(self) -> None:
         try:
-            self._in.sock.sendall(_ACK)
+            self._in.sock.sendall(ACK)
         except (BrokenPipeError, ConnectionResetError):
             # The sender closed its end: a staged send is done once written, so a peer that
             # finished its op may leave before its last slots are read. What it sent arrived;
