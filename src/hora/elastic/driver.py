@@ -4,7 +4,8 @@ Horovod's elastic driver, on hora's rendezvous store (see :mod:`hora.rendezvous.
 
 * **Start.** Wait (up to ``--elastic-timeout``) until the hosts have ``-np`` slots, then start a
   worker on every slot, up to ``--max-np``, and form round 0.
-* **Discovery.** ``--host-discovery-script`` runs every second (:data:`DISCOVERY_INTERVAL`);
+* **Discovery.** ``--host-discovery-script`` runs every second
+  (:data:`hora.elastic.hosts.DISCOVERY_INTERVAL`);
   host order is stable, new hosts come last. Workers start on new slots (up to ``--max-np``);
   once one asks to join, the running workers are told (the ``hosts`` key) and raise
   ``HostsUpdatedInterrupt`` at their next ``commit()``/``check_host_updates()`` (so the job
@@ -16,7 +17,7 @@ Horovod's elastic driver, on hora's rendezvous store (see :mod:`hora.rendezvous.
   with new workers and those synced, then leave; after ``--elastic-timeout`` the job ends.
 * **A failed worker** (non-zero exit) blacklists its host: all of the host's workers leave the
   job (they exit at the re-formation). With ``--blacklist-cooldown-range MIN MAX`` the host comes
-  back after its cooldown (:func:`cooldown`); without it, never.
+  back after its cooldown (:func:`hora.elastic.hosts.cooldown`); without it, never.
 * **Re-formation.** Once every worker still in the job asked for the next round (and there are
   at least ``--min-np``), the launcher forms it: earlier workers first, by their last rank (the
   new rank 0 holds the committed state). Each re-formation is one reset; more than
@@ -34,16 +35,15 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
+from hora.elastic.hosts import DISCOVERY_INTERVAL, cooldown, discover
 from hora.elastic.run import synced_key
 from hora.errors import LaunchError
 from hora.launch.config import ElasticOptions, LaunchConfig
-from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks, parse_hosts
+from hora.launch.hosts import HostSlots, SlotInfo, assign_ranks
 from hora.launch.job import Job, exit_status
 from hora.launch.preflight import run_preflight
 from hora.launch.process import ConsoleSink, Worker, stop_all
@@ -51,12 +51,11 @@ from hora.launch.workerenv import job_env
 from hora.rendezvous import rounds as rdv
 from hora.rendezvous.client import StoreClient
 
-__all__ = ["DISCOVERY_INTERVAL", "ElasticJob", "ElasticOptions", "cooldown", "discover"]
+__all__ = ["ElasticJob", "ElasticOptions"]
 
 log = logging.getLogger("hora.launch")
 
 _POLL = 0.05  # seconds between looks at the workers and the store
-DISCOVERY_INTERVAL = 1.0  # seconds between runs of the discovery script (Horovod's frequency)
 
 
 @dataclass
@@ -72,35 +71,6 @@ class _Member:
     retiring: float | None = None  # since when its host is gone while it holds the only state
     stop_at: float = math.inf  # when a leaving worker that did not exit is stopped
     stranded: bool = False  # stopped waiting for a round that could not form (job finishing)
-
-
-def cooldown(bounds: tuple[int, int], failures: int, jitter: float | None = None) -> float:
-    """Seconds a blacklisted host rests after its ``failures``-th failure: the lower bound
-    doubled for each earlier failure, plus up to a second of jitter, within ``bounds`` (each
-    clamped to 1-3600 s, as Horovod does)."""
-    low, high = (min(max(int(b), 1), 3600) for b in bounds)
-    high = max(high, low)
-    extra = random.random() if jitter is None else jitter
-    return float(min(high, low * 2 ** min(failures - 1, 12) + extra))
-
-
-def discover(script: str, slots_per_host: int | None, timeout: float = 30.0) -> list[HostSlots]:
-    """Run the discovery script: one ``host`` or ``host:slots`` per line on its stdout."""
-    try:
-        done = subprocess.run(script, shell=True, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise LaunchError(
-            f"--host-discovery-script {script!r} ran longer than {timeout:g}s"
-        ) from None
-    if done.returncode != 0:
-        raise LaunchError(
-            f"--host-discovery-script {script!r} exited with {done.returncode}: "
-            f"{done.stderr.strip()[-500:]}"
-        )
-    lines = [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
-    if slots_per_host:
-        lines = [ln if ":" in ln else f"{ln}:{slots_per_host}" for ln in lines]
-    return parse_hosts(",".join(dict.fromkeys(lines))) if lines else []
 
 
 class ElasticJob(Job):
