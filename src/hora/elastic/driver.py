@@ -5,7 +5,7 @@ Horovod's elastic driver, on hora's rendezvous store (see :mod:`hora.rendezvous.
 * **Start.** Wait (up to ``--elastic-timeout``) until the hosts have ``-np`` slots, then start a
   worker on every slot, up to ``--max-np``, and form round 0.
 * **Discovery.** ``--host-discovery-script`` runs every second
-  (:data:`hora.elastic.hosts.DISCOVERY_INTERVAL`);
+  (:data:`hora.elastic.discovery.DISCOVERY_INTERVAL`);
   host order is stable, new hosts come last. Workers start on new slots (up to ``--max-np``);
   once one asks to join, the running workers are told (the ``hosts`` key) and raise
   ``HostsUpdatedInterrupt`` at their next ``commit()``/``check_host_updates()`` (so the job
@@ -17,7 +17,7 @@ Horovod's elastic driver, on hora's rendezvous store (see :mod:`hora.rendezvous.
   with new workers and those synced, then leave; after ``--elastic-timeout`` the job ends.
 * **A failed worker** (non-zero exit) blacklists its host: all of the host's workers leave the
   job (they exit at the re-formation). With ``--blacklist-cooldown-range MIN MAX`` the host comes
-  back after its cooldown (:func:`hora.elastic.hosts.cooldown`); without it, never.
+  back after its cooldown (:func:`hora.elastic.discovery.cooldown`); without it, never.
 * **Re-formation.** Once every worker still in the job asked for the next round (and there are
   at least ``--min-np``), the launcher forms it: earlier workers first, by their last rank (the
   new rank 0 holds the committed state). Each re-formation is one reset; more than
@@ -39,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from hora.elastic.hosts import DISCOVERY_INTERVAL, cooldown, discover
+from hora.elastic.discovery import DISCOVERY_INTERVAL, cooldown, discover
 from hora.elastic.run import synced_key
 from hora.errors import LaunchError
 from hora.launch.config import ElasticOptions, LaunchConfig

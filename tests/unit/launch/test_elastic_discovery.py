@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hora.elastic.hosts import cooldown, discover
+from hora.elastic.discovery import cooldown, discover
 from hora.errors import LaunchError
 from hora.launch.hosts import HostSlots
 
