@@ -10,6 +10,8 @@ Every test has a hard timeout.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness import run_ranks, spawn_ranks
@@ -190,7 +192,10 @@ def test_a_barrier_in_the_steady_state_waits_for_all_without_the_coordinator(np_
         assert out["exits"] == 0 and out["requests"] == 0, out
 
 
-def _stall(rank: int) -> str:
+def _stall(rank: int, flag: str) -> str:
+    import os
+    import time
+
     import numpy as np
 
     import hora as hvd
@@ -200,11 +205,14 @@ def _stall(rank: int) -> str:
         hvd.allreduce(np.ones(2), name="x")
     try:
         if rank == 0:  # rank 1 never asks again: rank 0 waits in a round
-            hvd.allreduce(np.ones(2), name="x")
+            try:
+                hvd.allreduce(np.ones(2), name="x")
+            finally:
+                open(flag, "w").close()
             return "completed?!"
-        import time
-
-        time.sleep(30)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.1)  # asleep, not in an op, until rank 0's op is over
         return "slept"
     except hvd.HorovodInternalError as e:
         return str(e)
@@ -213,9 +221,9 @@ def _stall(rank: int) -> str:
 
 
 @pytest.mark.timeout(90)
-def test_a_round_that_waits_too_long_warns_then_shuts_down() -> None:
+def test_a_round_that_waits_too_long_warns_then_shuts_down(tmp_path: Path) -> None:
     env = {"HORA_STALL_CHECK_TIME_SECONDS": "1", "HORA_STALL_SHUTDOWN_TIME_SECONDS": "3"}
-    results = spawn_ranks(_stall, 2, timeout=60, env=env)
+    results = spawn_ranks(_stall, 2, args=(str(tmp_path / "rank0-done"),), timeout=60, env=env)
     r0 = results[0]
     assert r0.ok, r0.stderr
     assert "Missing ranks" in r0.value and "1: [allreduce.x]" in r0.value, r0.value
