@@ -45,7 +45,8 @@ def test_tensorflow2_mnist_gradient_tape(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_tensorflow2_keras_mnist_fit_with_callbacks(tmp_path: Path) -> None:
     out = hora_run(2, "tensorflow2_keras_mnist.py", "--data-dir", str(tmp_path),
-                   "--checkpoint-dir", str(tmp_path / "ck"), "--steps-per-epoch", "50", timeout=280)  # fmt: skip
+                   "--checkpoint-dir", str(tmp_path / "ck"), "--steps-per-epoch", "50",
+                   timeout=280)  # fmt: skip
     assert "Epoch 1: finished gradual learning rate warmup to" in out
     assert "[1]<stdout>:Epoch" not in out  # rank 0 alone reports progress
     assert sorted(p.name for p in (tmp_path / "ck").iterdir())[-1] == "checkpoint-4.keras"
