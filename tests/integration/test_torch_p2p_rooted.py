@@ -4,7 +4,7 @@ processes, and the clients that need them.
 One job per world size (2 and 3) runs every call first on ``backend="hora"``, then, after
 ``destroy_process_group``, on ``backend="gloo"`` with the same inputs, and compares: ``reduce``,
 ``gather``, ``scatter``, ``gather_object``, ``scatter_object_list``, ``send``/``recv`` (tags
-taken out of order, a 4 MiB message, a subgroup), ``isend``/``irecv`` and
+taken out of order, a 4 MiB message, from any sender, a subgroup), ``isend``/``irecv`` and
 ``batch_isend_irecv``. At np=2 the same job saves an FSDP2 model's sharded state with
 ``torch.distributed.checkpoint`` and loads it back (and loads the other backend's checkpoint),
 and trains a two-stage ``torch.distributed.pipelining`` GPipe schedule. A job of 3 ranks checks
@@ -92,6 +92,26 @@ def point_to_point(r: int, n: int) -> dict[str, Any]:
         dist.send(big * 2, 0)
         out["send_recv"] = [t]
     out["send_recv.large"] = [big] if r < 2 else []
+    # from any sender: rank 0 takes every other rank's message in whatever order they come,
+    # sources named; a message with another tag waits for its own receive
+    if r == 0:
+        firsts = {}
+        for _ in range(n - 1):
+            t = torch.zeros(3)
+            src = dist.recv(t, tag=4)
+            firsts[src] = t
+        t = torch.zeros(3)
+        work = dist.irecv(t, tag=5)
+        work.wait()
+        late = [torch.tensor([float(work._source_rank())]), t]
+        out["recv_any"] = [firsts[k] for k in sorted(firsts)] + late + [
+            torch.tensor(sorted(firsts), dtype=torch.float64)]
+    else:
+        late = dist.isend(_x(r, 3, k=0.5), 0, tag=5) if r == n - 1 else None
+        dist.send(_x(r, 3), 0, tag=4)  # taken first, though sent after the tag-5 message
+        if late is not None:
+            late.wait()
+        out["recv_any"] = []
     # a subgroup of the first and last rank: its ranks are the group's, its tags its own
     sub = dist.new_group([0, n - 1])
     if r in (0, n - 1):
@@ -231,7 +251,7 @@ def compare(hora_runs: dict[str, Any], gloo_runs: dict[str, Any]) -> dict[str, s
 
 KEYS = ["reduce.SUM", "reduce.MAX", "gather.0", "gather.last", "scatter", "gather_object",
         "scatter_object_list", "isend_irecv.tags", "batch_isend_irecv", "send_recv.large",
-        "new_group.send_recv"]  # fmt: skip
+        "recv_any", "new_group.send_recv"]  # fmt: skip
 CLIENT_KEYS = ["dcp.trained", "dcp.loaded", "dcp.cross", "pipeline"]
 
 
@@ -296,6 +316,9 @@ def faults(rank: int) -> dict[str, Any]:
         other = 1 - rank
         attempt("size", lambda: (dist.send(torch.ones(4), other) if rank == 0
                                  else dist.recv(torch.zeros(3), other)))  # fmt: skip
+        # the same from any sender: rank 0 takes rank 1's message (rank 2 sends none)
+        attempt("any_size", lambda: (dist.recv(torch.zeros(3)) if rank == 0
+                                     else dist.send(torch.ones(4), 0)))  # fmt: skip
     attempt("root", lambda: dist.reduce(torch.ones(2), dst=min(rank, 1)))
     attempt("shape", lambda: dist.gather(torch.ones(rank + 1),
                                          [torch.zeros(1)] * 3 if rank == 0 else None))
@@ -325,6 +348,9 @@ def test_mismatches_and_a_lost_peer_raise_on_every_rank() -> None:
         kind, text = got["size"]
         assert kind == "DistBackendError", got["size"]
         assert "rank 1 receives 12 bytes" in text and "rank 0 sent 16 bytes" in text, text
+        kind, text = got["any_size"]
+        assert kind == "DistBackendError", got["any_size"]
+        assert "rank 0 receives 12 bytes" in text and "rank 1 sent 16 bytes" in text, text
         kind, text = got["root"]
         assert "root rank" in text and "rank 0" in text and "rank 1" in text, got["root"]
         kind, text = got["shape"]

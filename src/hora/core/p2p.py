@@ -9,7 +9,10 @@ and data connections never carry a byte of them.
 Contract:
 
 * A message is matched by (sender, process set, tag); messages that match the same receive
-  are taken in the order they were sent (no overtaking), as torch's ``send``/``recv`` ask.
+  are taken in the order they were sent (no overtaking), as torch's ``send``/``recv`` ask. A
+  receive from any sender (``peer`` None) takes the message of the set with its tag that came
+  first; a message that both it and a receive naming its sender could take goes to the one
+  posted first. A receive's handle gives the sender's global rank.
 * A send completes once the receiver has taken the message into a receive of the same dtype
   and element count: a message no receive asks for yet waits in the receiver's memory, and
   its send stays pending until one does (as Gloo's). A receive that differs in dtype or size
@@ -50,6 +53,7 @@ WATCH_S = 0.2  # how often the watchdog looks at the engine
 CAUSE_WAIT_S = 2.0  # how long a broken connection waits for the engine to name the cause
 
 Key = tuple[int, int, int]  # (peer, process set, tag)
+ANY = -1  # the peer of a receive from any sender
 
 
 @dataclass(slots=True)
@@ -66,6 +70,7 @@ class _Recv:
     view: memoryview
     dtype: str
     handle: Handle
+    order: int = 0  # when it was posted: between a named and an any-sender receive
 
 
 @dataclass(slots=True)
@@ -73,6 +78,7 @@ class _Arrived:
     seq: int
     dtype: str
     data: bytearray
+    order: int = 0  # when it arrived: a receive from any sender takes the earliest
 
 
 def mismatch(me: int, peer: int, tag: int, want: tuple[str, int], got: tuple[str, int]) -> str:
@@ -86,9 +92,12 @@ def mismatch(me: int, peer: int, tag: int, want: tuple[str, int], got: tuple[str
 class _Link:
     """The connections to one peer, their readers, and the messages waiting for them."""
 
-    def __init__(self, box: Mailbox, peer: int) -> None:
+    def __init__(self, box: Mailbox, peer: int, patient: bool = False) -> None:
         self.box = box
         self.peer = peer
+        # made for a receive from any sender: the peer may send nothing for a long time, so
+        # a connection not made in time is tried again (until the mailbox closes)
+        self.patient = patient
         self.data: Pair | None = None
         self.ctrl: Pair | None = None
         self.error: BaseException | None = None
@@ -98,12 +107,21 @@ class _Link:
         threading.Thread(target=self._open, name=f"hora-p2p-open-{peer}", daemon=True).start()
 
     def _open(self) -> None:
-        try:
-            transport = self.box.transport()
-            data, ctrl = transport.pair(self.peer, DATA), transport.pair(self.peer, CONTROL)
-        except BaseException as e:  # noqa: BLE001 - the messages waiting on it get the error
-            self.box.broken(self.peer, e)
-            return
+        while True:
+            try:
+                transport = self.box.transport()
+                data, ctrl = transport.pair(self.peer, DATA), transport.pair(self.peer, CONTROL)
+                break
+            except TransportError as e:
+                if self.patient and not self.box.closed():
+                    log.debug("point-to-point connection to rank %d: %s; trying again",
+                              self.peer, e)  # fmt: skip
+                    continue
+                self.box.broken(self.peer, e)
+                return
+            except BaseException as e:  # noqa: BLE001 - the messages waiting get the error
+                self.box.broken(self.peer, e)
+                return
         with self.send_lock:
             self.data, self.ctrl = data, ctrl
             queued, self.queued = self.queued, []
@@ -172,6 +190,7 @@ class Mailbox:
         self._arrived: dict[Key, deque[_Arrived]] = {}
         self._sends: dict[int, _Send] = {}
         self._seq = itertools.count()
+        self._order = itertools.count()  # posted receives and kept messages, in turn
         self._closed: BaseException | None = None
         threading.Thread(target=self._watch, name="hora-p2p-watch", daemon=True).start()
 
@@ -193,26 +212,48 @@ class Mailbox:
         link.send(head, view)
         return handle
 
-    def recv(self, peer: int, ps_id: int, tag: int, view: memoryview, dtype: str) -> Handle:
-        """Receive the next message from global rank ``peer`` with ``tag`` into ``view``."""
+    def recv(self, peer: int | None, ps_id: int, tag: int, view: memoryview, dtype: str,
+             peers: tuple[int, ...] = ()) -> Handle:  # fmt: skip
+        """Receive the next message from global rank ``peer`` with ``tag`` into ``view``; with
+        ``peer`` None, from whichever of ``peers`` (the set's other ranks) sent first. The
+        handle gives the sender's global rank."""
         handle = Handle()
-        key = (peer, ps_id, tag)
+        key = (ANY if peer is None else peer, ps_id, tag)
         recv = _Recv(key, view, dtype, handle)
         with self._lock:
-            error = self._error_with(peer)
+            error = self._closed if peer is None else self._error_with(peer)
             found = None
             if error is None:
-                waiting = self._arrived.get(key)
-                if waiting:
-                    found = waiting.popleft()
-                else:
+                found, sender = self._kept(key, peers)
+                if found is None:
+                    recv.order = next(self._order)
                     self._posted.setdefault(key, deque()).append(recv)
-                link = self._link(peer)
+                if peer is not None:
+                    link = self._link(peer)
+                else:  # every sender must be able to reach this rank
+                    for p in peers:
+                        if p not in self._links:
+                            self._links[p] = _Link(self, p, patient=True)
+                    if found is not None:
+                        link = self._links[sender]
         if error is not None:
             handle.set_error(error)
         elif found is not None:
             self._deliver(link, recv, found.seq, found.dtype, found.data)
         return handle
+
+    def _kept(self, key: Key, peers: tuple[int, ...]) -> tuple[_Arrived | None, int]:
+        """The kept message a receive of ``key`` takes (and its sender), removed; the lock is
+        held."""
+        if key[0] != ANY:
+            waiting = self._arrived.get(key)
+            return (waiting.popleft(), key[0]) if waiting else (None, key[0])
+        _, ps_id, tag = key
+        queues = [(q[0].order, p, q) for p in peers if (q := self._arrived.get((p, ps_id, tag)))]
+        if not queues:
+            return None, ANY
+        _, sender, queue = min(queues)
+        return queue.popleft(), sender
 
     # -- reader threads ---------------------------------------------------------------------
     def arrive(self, link: _Link, key: Key, seq: int, dtype: str, nbytes: int,
@@ -229,7 +270,7 @@ class Mailbox:
                     self._posted.setdefault(key, deque()).appendleft(recv)
                 raise
             link.answer(seq, "")
-            recv.handle.set_result(None)
+            recv.handle.set_result(link.peer)
             return
         payload = bytearray(nbytes)
         data.recv_into(payload)
@@ -237,7 +278,8 @@ class Mailbox:
             with self._lock:
                 recv = self._take(key)  # posted while the payload came in
                 if recv is None:
-                    self._arrived.setdefault(key, deque()).append(_Arrived(seq, dtype, payload))
+                    arrived = _Arrived(seq, dtype, payload, next(self._order))
+                    self._arrived.setdefault(key, deque()).append(arrived)
                     return
         self._deliver(link, recv, seq, dtype, payload)
 
@@ -285,6 +327,9 @@ class Mailbox:
             link = self._links[peer] = _Link(self, peer)
         return link
 
+    def closed(self) -> bool:
+        return self._closed is not None
+
     def _error_with(self, peer: int) -> BaseException | None:
         if self._closed is not None:
             return self._closed
@@ -292,16 +337,23 @@ class Mailbox:
         return link.error if link is not None else None
 
     def _take(self, key: Key) -> _Recv | None:
-        posted = self._posted.get(key)
-        return posted.popleft() if posted else None
+        """The posted receive a message of ``key`` goes to (removed): one naming its sender or
+        one from any sender, whichever was posted first. The lock is held."""
+        named = self._posted.get(key)
+        anyone = self._posted.get((ANY, key[1], key[2]))
+        if named and anyone:
+            return (named if named[0].order < anyone[0].order else anyone).popleft()
+        if named or anyone:
+            return (named or anyone).popleft()  # type: ignore[union-attr]
+        return None
 
     def _deliver(self, link: _Link, recv: _Recv, seq: int, dtype: str, data: bytearray) -> None:
         if (recv.dtype, recv.view.nbytes) == (dtype, len(data)):
             recv.view[:] = data
             link.answer(seq, "")
-            recv.handle.set_result(None)
+            recv.handle.set_result(link.peer)
             return
-        peer, _, tag = recv.key
+        peer, tag = link.peer, recv.key[2]
         text = mismatch(self.rank, peer, tag, (recv.dtype, recv.view.nbytes), (dtype, len(data)))
         link.answer(seq, text)
         recv.handle.set_error(MismatchError(text))

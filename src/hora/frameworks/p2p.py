@@ -4,8 +4,10 @@ The op surface's face of :mod:`hora.core.p2p`: it checks the arguments in the ca
 (the peer a global rank of the set other than this one, the tag an int, the array contiguous
 and, to receive into, writable) and hands the array's bytes to this rank's mailbox. Messages
 travel on connections of their own, never through the engine. A message matches a receive by
-sender, process set and tag; a receive of another dtype or size fails on both ranks. Handles
-complete when the receiver has the message (``synchronize`` returns None). Thread-safe.
+sender, process set and tag (a receive with ``src=None`` takes the set's first message with
+its tag, from any sender); a receive of another dtype or size fails on both ranks. Handles
+complete when the receiver has the message; a receive's ``synchronize`` returns the sender's
+global rank, a send's None. Thread-safe.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ from hora.frameworks.submit import _array, _set_id
 _INTS = (int, np.integer)
 
 
-def _checked(what: str, peer: int, tag: int, process_set: ProcessSet | None) -> int:
+def _checked(what: str, peer: int | None, tag: int, process_set: ProcessSet | None) -> int:
     ps_id = _set_id(process_set)
     ranks = resolve(process_set).ranks
     me = _rt.runtime().identity.rank
     if isinstance(tag, bool) or not isinstance(tag, _INTS):
         raise TypeError(f"{what}: tag must be an int, got {tag!r}")
+    if me not in ranks:
+        raise ValueError(f"{what}: rank {me} is not in the process set {ranks}")
+    if peer is None:
+        return ps_id
     if isinstance(peer, bool) or not isinstance(peer, _INTS) or int(peer) not in ranks:
         raise ValueError(f"{what}: rank {peer!r} is not a global rank of the process set {ranks}")
     if int(peer) == me:
@@ -52,15 +58,25 @@ def send_async(
 
 def recv_async(
     array: Any,
-    src: int,
+    src: int | None,
     *,
     tag: int = 0,
     process_set: ProcessSet | None = None,
     dtype: str | None = None,
 ) -> Handle:
-    """Receive the next message from global rank ``src`` with ``tag`` into ``array``."""
-    ps_id = _checked("recv", src, tag, process_set)
+    """Receive the next message from global rank ``src`` (None: any other rank of the set)
+    with ``tag`` into ``array``; the handle gives the sender's global rank."""
+    peers: tuple[int, ...] = ()
+    if src is None:
+        ps_id = _checked("recv", None, tag, process_set)
+        me = _rt.runtime().identity.rank
+        peers = tuple(r for r in resolve(process_set).ranks if r != me)
+        if not peers:
+            raise ValueError("recv: no other rank in the process set to receive from")
+    else:
+        ps_id = _checked("recv", src, tag, process_set)
     arr, dt, _ = _array(array, dtype)
     if not arr.flags.writeable:
         raise ValueError("recv: the array to receive into is read-only")
-    return mailbox().recv(int(src), ps_id, int(tag), arr.data.cast("B"), dt)
+    peer = None if src is None else int(src)
+    return mailbox().recv(peer, ps_id, int(tag), arr.data.cast("B"), dt, peers)

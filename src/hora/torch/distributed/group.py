@@ -15,7 +15,8 @@ thread runs it where hora's direct mode lets it, waits, and returns a completed
 and fused by the engine, over hora's transports, in hora's timeline.
 ``dist.new_group(ranks)`` becomes a hora process set (negotiated by every rank, as torch's
 ``new_group`` is called by every rank). ``gather``, ``scatter`` and ``reduce`` are hora's
-rooted ops (:mod:`~hora.torch.distributed.rooted`); ``send`` and ``recv`` hora's tagged
+rooted ops (:mod:`~hora.torch.distributed.rooted`); ``send`` and ``recv`` (from a named
+rank or from any) hora's tagged
 messages beside the engine (:mod:`~hora.torch.distributed.p2p`). Submission runs in the
 caller's thread (the training thread, or DDP's autograd thread); completion in the engine
 thread.
@@ -408,11 +409,8 @@ class HoraProcessGroup(dist.ProcessGroup):
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> HoraWork:
         return p2p.recv(self, list(tensors), src, tag)
 
-    def recv_anysource(self, *args: Any) -> Any:
-        raise NotImplementedError(
-            "hora backend: recv without a source is not supported: hora matches a message "
-            "by its sender; pass src="
-        )
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> HoraWork:
+        return p2p.recv(self, list(tensors), None, tag)
 
     # -- subgroups --------------------------------------------------------------------------
     def new_group(self, ranks: list[int], timeout: timedelta | None = None,

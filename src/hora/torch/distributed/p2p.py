@@ -58,14 +58,25 @@ def send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int) -> HoraWor
     return group._work("send", list(tensors), start)  # type: ignore[no-any-return]
 
 
-def recv(group: Any, tensors: list[torch.Tensor], src: int, tag: int) -> HoraWork:
-    peer = _peer(group, tensors, src, "recv")
+def recv(group: Any, tensors: list[torch.Tensor], src: int | None, tag: int) -> HoraWork:
+    """``src`` None: from any rank of the group (torch's ``recv_anysource``); the work's
+    ``_source_rank()`` gives the sender's group rank, as torch's ``recv`` asks of it."""
+    if src is None:
+        if len(tensors) != 1:
+            raise ValueError(f"hora backend: recv takes one tensor, got {len(tensors)}")
+        peer = None
+    else:
+        peer = _peer(group, tensors, src, "recv")
     s = HostBuffer(tensors[0])
+    sender: list[int] = []
 
     def start() -> list[Any]:
         return [p2p.recv_async(s.array, peer, tag=tag, process_set=group._set, dtype=s.dtype)]
 
     def finish(results: list[Any]) -> None:
         s.write_back()
+        sender.append(group._ranks.index(int(results[0])))
 
-    return group._work("recv", list(tensors), start, finish)  # type: ignore[no-any-return]
+    work: HoraWork = group._work("recv", list(tensors), start, finish)
+    work.source = sender
+    return work

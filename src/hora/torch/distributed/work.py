@@ -63,6 +63,7 @@ class HoraWork(dist.Work):
         self._settling = threading.Lock()  # held while one thread settles the work
         self._lock = threading.Lock()
         self._seen: set[int] = set()
+        self.source: list[int] = []  # a receive's sender (group rank), once it is done
         if not self._handles:
             self._settle()
             return
@@ -131,6 +132,15 @@ class HoraWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         return self._future
+
+    def _source_rank(self) -> int:
+        """A receive's sender, its rank in the group (torch's ``recv`` without ``src`` asks);
+        waits for the receive."""
+        self.wait()
+        if not self.source:
+            raise RuntimeError(f"hora backend: {self._call} has no source rank: only a "
+                               "receive has one")  # fmt: skip
+        return self.source[0]
 
     def is_completed(self) -> bool:
         return self._settled
