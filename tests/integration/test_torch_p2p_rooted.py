@@ -8,8 +8,9 @@ taken out of order, a 4 MiB message, from any sender, a subgroup), ``isend``/``i
 ``batch_isend_irecv``. At np=2 the same job saves an FSDP2 model's sharded state with
 ``torch.distributed.checkpoint`` and loads it back (and loads the other backend's checkpoint),
 and trains a two-stage ``torch.distributed.pipelining`` GPipe schedule. A job of 3 ranks checks
-failures: mismatched sizes, roots and shapes raise on both sides naming both, the group stays
-usable, and a peer killed while others wait on it makes them raise, naming it.
+failures: mismatched sizes, roots and shapes raise on both sides naming both, a root's unfit
+``scatter_list`` fails every rank (not only the root), the group stays usable, and a peer
+killed while others wait on it makes them raise, naming it.
 """
 
 from __future__ import annotations
@@ -322,6 +323,9 @@ def faults(rank: int) -> dict[str, Any]:
     attempt("root", lambda: dist.reduce(torch.ones(2), dst=min(rank, 1)))
     attempt("shape", lambda: dist.gather(torch.ones(rank + 1),
                                          [torch.zeros(1)] * 3 if rank == 0 else None))
+    # a root whose scatter_list does not fit: it raises, and the others do not wait for it
+    attempt("scatter_list", lambda: dist.scatter(torch.zeros(2), [torch.zeros(3)] * 3
+                                                 if rank == 0 else None, src=0))  # fmt: skip
     t = torch.ones(3)
     dist.all_reduce(t)
     out["after"] = t.tolist()
@@ -355,6 +359,12 @@ def test_mismatches_and_a_lost_peer_raise_on_every_rank() -> None:
         assert "root rank" in text and "rank 0" in text and "rank 1" in text, got["root"]
         kind, text = got["shape"]
         assert "shape" in text and "rank 0" in text, got["shape"]
+        kind, text = got["scatter_list"]
+        if res.rank == 0:
+            assert kind == "ValueError" and "scatter_list holds [3, 3, 3] elements" in text, text
+        else:
+            assert kind == "DistBackendError", got["scatter_list"]
+            assert "the root, rank 0, gave pieces that do not fit" in text, text
         assert got["after"] == [3.0, 3.0, 3.0]
         kind, text = got["killed"]
         assert kind == "DistBackendError", got["killed"]

@@ -282,6 +282,17 @@ class Coordinator:
     def _validate_shapes(first: Request, q: Request, a: int, b: int) -> str:
         op = first.op.name
         if first.op in (OpType.ALLGATHER, OpType.ALLTOALL):
+            if first.op == OpType.ALLTOALL and first.root in (a, b) and any(
+                len(x.shape) == len(y.shape) + 1 and x.shape[-1] == 0
+                for x, y in ((first, q), (q, first))
+            ):
+                # a scatter's root joins with an extra, empty dimension when its pieces do not
+                # fit (hora.frameworks.rooted.scatter_async), so that no rank waits for it
+                return (
+                    f"scatter: the root, rank {first.root}, gave pieces that do not fit the "
+                    f"output and raised; no rank receives anything. (rank {a} vs rank {b}; "
+                    f"tensor {first.name})"
+                )
             if len(q.shape) != len(first.shape):
                 return (
                     f"Mismatched {op} tensor shapes: One rank sent a tensor of rank "

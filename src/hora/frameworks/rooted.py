@@ -98,19 +98,25 @@ def scatter_async(
 ) -> Handle:
     """Scatter the root's ``array`` of shape ``(set size, *like.shape)``: row ``i`` goes to
     set rank ``i``. Other ranks pass ``array=None``; ``like`` is the array each rank
-    receives into (its shape and dtype). The handle's result is this rank's row."""
+    receives into (its shape and dtype). The handle's result is this rank's row.
+
+    A root whose ``array`` is missing or of another shape raises ValueError, but first joins
+    the op with a request that no rank's matches: the other ranks, already waiting in the
+    scatter, then fail at once with the coordinator's mismatch error naming the root, instead
+    of waiting for a root that never comes."""
     ps_id, root, is_root = _root("scatter", root_rank, process_set)
     n = len(resolve(process_set).ranks)
     like = np.asarray(like)
+    problem = ""
     if is_root:
-        rows = np.asarray(array)
-        if rows.shape != (n, *like.shape):
-            raise ValueError(
-                f"scatter: the root's pieces have shape {list(rows.shape[1:])} x "
-                f"{rows.shape[0] if rows.ndim else 0}, the output {list(like.shape)}; give "
-                f"one piece per rank ({n}) of the output's shape"
-            )
-        splits = (1,) * n
+        rows = None if array is None else np.asarray(array)
+        if rows is None or rows.shape != (n, *like.shape):
+            got = ("no pieces" if rows is None else
+                   f"pieces of shape {list(rows.shape[1:])} x {rows.shape[0] if rows.ndim else 0}")
+            problem = (f"scatter: the root has {got}, the output is {list(like.shape)}; give one "
+                       f"piece per rank ({n}) of the output's shape")  # fmt: skip
+            rows = np.empty((0, *like.shape, 0), dtype=like.dtype)  # no rank's shape
+        splits = (0,) * n if problem else (1,) * n
     else:
         rows = np.empty((0, *like.shape), dtype=like.dtype)
         splits = (0,) * n
@@ -123,4 +129,7 @@ def scatter_async(
         return finalize(out) if finalize is not None else out
 
     reqs, arrs, handle = _prepare(OpType.ALLTOALL, [rows], name, dtype, False, row, make, ps_id)
-    return _submit(ps_id, reqs, arrs, [None], handle, False)
+    submitted = _submit(ps_id, reqs, arrs, [None], handle, False)
+    if problem:  # the op fails on every rank; its handle is not the caller's to wait on
+        raise ValueError(problem)
+    return submitted

@@ -97,20 +97,27 @@ def scatter(group: Any, outputs: list[torch.Tensor], inputs: list[list[torch.Ten
     root = _root(group, opts, call)
     target = HostBuffer(_flat(out))
     rows: Any = None
+    problem = ""
     if group.rank() == opts.rootRank:
         pieces = list(inputs[0]) if inputs else []
         if len(pieces) != group.size() or any(p.numel() != out.numel() for p in pieces):
-            raise ValueError(
-                f"hora backend: {call}: the root's scatter_list holds "
-                f"{[p.numel() for p in pieces]} elements; it needs {group.size()} tensors of "
-                f"{out.numel()} (the output's size)"
-            )
-        rows = HostBuffer(torch.stack([_flat(p) for p in pieces])).array
+            problem = (f"the root's scatter_list holds {[p.numel() for p in pieces]} elements; "
+                       f"it needs {group.size()} tensors of {out.numel()} (the output's size)")
+        else:
+            rows = HostBuffer(torch.stack([_flat(p) for p in pieces])).array
     name = group._name(call, [out], root)
 
     def start() -> list[Any]:
-        return [rooted.scatter_async(rows, root, like=target.array, name=name,
-                                     process_set=group._set, dtype=target.dtype)]  # fmt: skip
+        try:
+            return [rooted.scatter_async(rows, root, like=target.array, name=name,
+                                         process_set=group._set, dtype=target.dtype)]
+        except ValueError:
+            if not problem:
+                raise
+            # the root joined the op so that the other ranks fail too (hora.frameworks.rooted);
+            # they forget the names' period on that failure, so does the root
+            group._names.reset()
+            raise ValueError(problem) from None  # fmt: skip
 
     def finish(results: list[Any]) -> None:
         out.data.copy_(to_tensor(results[0].reshape(-1), out).view(out.shape))
