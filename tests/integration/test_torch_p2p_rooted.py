@@ -16,6 +16,7 @@ killed while others wait on it makes them raise, naming it.
 from __future__ import annotations
 
 import os
+import re
 import time
 import traceback
 from typing import Any
@@ -371,3 +372,38 @@ def test_mismatches_and_a_lost_peer_raise_on_every_rank() -> None:
         assert "rank 2" in text, text
     print("seconds to raise after rank 2 died:",
           [round(r.value["killed.seconds"], 2) for r in results[:2]])
+
+
+def long_waits(rank: int) -> str:
+    import torch.distributed as dist
+
+    import hora.torch.distributed  # noqa: F401
+
+    dist.init_process_group(backend="hora")
+    if rank == 0:
+        t = torch.zeros(2)
+        dist.recv(t, 1, tag=7)  # rank 1 sends it late
+        time.sleep(2.5)
+        dist.recv(t, 1, tag=8)  # rank 1 sent it long ago
+    else:
+        time.sleep(2.5)
+        dist.send(torch.ones(2), 0, tag=7)
+        dist.send(torch.ones(2), 0, tag=8)
+    dist.barrier()
+    return "ok"
+
+
+@pytest.mark.timeout(90)
+def test_a_long_wait_for_a_message_is_reported_on_both_sides() -> None:
+    env = {"HORA_STALL_CHECK_TIME_SECONDS": "1"}
+    results = spawn_ranks(long_waits, 2, timeout=60, env=env)
+    for res in results:
+        assert res.ok and res.value == "ok", f"rank {res.rank}: {res.status}\n{res.stderr[-3000:]}"
+    receiver, sender = results[0].stderr, results[1].stderr
+    assert re.search(r"rank 0 has waited \d s to receive a message from rank 1 \(tag 7\)",
+                     receiver), receiver[-3000:]  # fmt: skip
+    assert re.search(r"rank 1's message to rank 0 \(tag 8\) has waited \d s", sender), sender
+    assert "check both ranks' calls" in receiver
+    # each wait is reported once, and the short ones not at all
+    assert receiver.count("to receive a message") == 1, receiver[-3000:]
+    assert sender.count("has waited") == 1, sender[-3000:]

@@ -17,6 +17,8 @@ Contract:
   and element count: a message no receive asks for yet waits in the receiver's memory, and
   its send stays pending until one does (as Gloo's). A receive that differs in dtype or size
   fails on both ranks with the same :class:`~hora.errors.MismatchError`, naming both.
+* A send or receive still pending after ``HOROVOD_STALL_CHECK_TIME_SECONDS`` is reported
+  once, as a warning naming both ranks and the tag (nothing is failed: the message may come).
 * A peer whose connection closes (killed, exited) fails every pending message with it at
   once; once the engine stops (a rank lost anywhere in the job, ``shutdown``) every pending
   message fails with the engine's shutdown error, which names the rank that left.
@@ -24,8 +26,8 @@ Contract:
 Per peer, two connections: DATA carries each message (a fixed header, then the payload, sent
 with the pair's ``isend`` so the caller never waits) and CONTROL the receiver's answers; a
 reader thread on each. Readers never wait on a send, so two ranks sending to each other
-cannot deadlock. A watchdog thread notices the engine's end. Thread-safe: any user thread
-sends and receives; completions run on the reader threads.
+cannot deadlock. A watchdog thread notices the engine's end and reports long waits.
+Thread-safe: any user thread sends and receives; completions run on the reader threads.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class _Send:
     peer: int
     view: memoryview
     handle: Handle
+    tag: int = 0
+    since: float = 0.0  # when it was sent (monotonic), for the report of a long wait
+    reported: bool = False
 
 
 @dataclass(slots=True)
@@ -71,6 +76,8 @@ class _Recv:
     dtype: str
     handle: Handle
     order: int = 0  # when it was posted: between a named and an any-sender receive
+    since: float = 0.0  # when it was posted (monotonic), for the report of a long wait
+    reported: bool = False
 
 
 @dataclass(slots=True)
@@ -179,8 +186,9 @@ class Mailbox:
     ``stopped()`` is None while the engine runs, else its cause ("" if none was given)."""
 
     def __init__(self, rank: int, connect: Callable[[], Any],
-                 stopped: Callable[[], str | None]) -> None:  # fmt: skip
+                 stopped: Callable[[], str | None], report_after: float = 0.0) -> None:  # fmt: skip
         self.rank = rank
+        self._report_after = report_after  # seconds; 0: long waits are not reported
         self._connect = connect
         self._stopped = stopped
         self._lock = threading.Lock()
@@ -204,7 +212,7 @@ class Mailbox:
         with self._lock:
             error = self._error_with(peer)
             if error is None:
-                self._sends[seq] = _Send(seq, peer, view, handle)
+                self._sends[seq] = _Send(seq, peer, view, handle, tag, time.monotonic())
                 link = self._link(peer)
         if error is not None:
             handle.set_error(error)
@@ -219,7 +227,7 @@ class Mailbox:
         handle gives the sender's global rank."""
         handle = Handle()
         key = (ANY if peer is None else peer, ps_id, tag)
-        recv = _Recv(key, view, dtype, handle)
+        recv = _Recv(key, view, dtype, handle, since=time.monotonic())
         with self._lock:
             error = self._closed if peer is None else self._error_with(peer)
             found = None
@@ -375,7 +383,34 @@ class Mailbox:
             if cause is not None:
                 self.close(cause)
                 return
+            if self._report_after > 0:
+                self._report_long_waits()
             time.sleep(WATCH_S)
+
+    def _report_long_waits(self) -> None:
+        """Warn once about each send and receive pending for ``report_after`` seconds."""
+        now = time.monotonic()
+        late = now - self._report_after
+        lines = []
+        with self._lock:
+            for queue in self._posted.values():
+                for r in queue:
+                    if not r.reported and r.since <= late:
+                        r.reported = True
+                        peer, _, tag = r.key
+                        who = "any rank of its process set" if peer == ANY else f"rank {peer}"
+                        lines.append(f"rank {self.rank} has waited {now - r.since:.0f} s to "
+                                     f"receive a message from {who} (tag {tag}); none has "
+                                     "come")  # fmt: skip
+            for m in self._sends.values():
+                if not m.reported and m.since <= late:
+                    m.reported = True
+                    lines.append(f"rank {self.rank}'s message to rank {m.peer} (tag {m.tag}) has "
+                                 f"waited {now - m.since:.0f} s for rank {m.peer} to receive "
+                                 "it")  # fmt: skip
+        for line in lines:
+            log.warning("point-to-point: %s. A send or receive that its peer never makes waits "
+                        "forever: check both ranks' calls, their tags and groups", line)
 
     def close(self, cause: str = "") -> None:
         """Fail every pending message with the engine's shutdown error and close the
@@ -400,7 +435,10 @@ def mailbox() -> Mailbox:
     with _lock:
         box = rt.p2p
         if box is None:
-            box = rt.p2p = Mailbox(rt.identity.rank, partial_transport(rt), _engine_state(rt))
+            s = rt.settings
+            report = 0.0 if s.stall_check_disable else s.stall_check_time_seconds
+            box = rt.p2p = Mailbox(rt.identity.rank, partial_transport(rt), _engine_state(rt),
+                                   report)  # fmt: skip
         return box  # type: ignore[no-any-return]
 
 
