@@ -119,14 +119,11 @@ class _Link:
                 transport = self.box.transport()
                 data, ctrl = transport.pair(self.peer, DATA), transport.pair(self.peer, CONTROL)
                 break
-            except TransportError as e:
-                if self.patient and not self.box.closed():
+            except BaseException as e:  # noqa: BLE001 - the messages waiting get the error
+                if self.patient and isinstance(e, TransportError) and not self.box.closed():
                     log.debug("point-to-point connection to rank %d: %s; trying again",
                               self.peer, e)  # fmt: skip
                     continue
-                self.box.broken(self.peer, e)
-                return
-            except BaseException as e:  # noqa: BLE001 - the messages waiting get the error
                 self.box.broken(self.peer, e)
                 return
         with self.send_lock:
@@ -347,13 +344,8 @@ class Mailbox:
     def _take(self, key: Key) -> _Recv | None:
         """The posted receive a message of ``key`` goes to (removed): one naming its sender or
         one from any sender, whichever was posted first. The lock is held."""
-        named = self._posted.get(key)
-        anyone = self._posted.get((ANY, key[1], key[2]))
-        if named and anyone:
-            return (named if named[0].order < anyone[0].order else anyone).popleft()
-        if named or anyone:
-            return (named or anyone).popleft()  # type: ignore[union-attr]
-        return None
+        queues = [q for k in (key, (ANY, key[1], key[2])) if (q := self._posted.get(k))]
+        return min(queues, key=lambda q: q[0].order).popleft() if queues else None
 
     def _deliver(self, link: _Link, recv: _Recv, seq: int, dtype: str, data: bytearray) -> None:
         if (recv.dtype, recv.view.nbytes) == (dtype, len(data)):

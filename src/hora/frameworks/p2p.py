@@ -25,7 +25,9 @@ from hora.frameworks.submit import _array, _set_id
 _INTS = (int, np.integer)
 
 
-def _checked(what: str, peer: int | None, tag: int, process_set: ProcessSet | None) -> int:
+def _checked(what: str, peer: int | None, tag: int,
+             process_set: ProcessSet | None) -> tuple[int, tuple[int, ...]]:  # fmt: skip
+    """The set's id and its ranks other than this one; ``peer`` None: any of them."""
     ps_id = _set_id(process_set)
     ranks = resolve(process_set).ranks
     me = _rt.runtime().identity.rank
@@ -33,13 +35,16 @@ def _checked(what: str, peer: int | None, tag: int, process_set: ProcessSet | No
         raise TypeError(f"{what}: tag must be an int, got {tag!r}")
     if me not in ranks:
         raise ValueError(f"{what}: rank {me} is not in the process set {ranks}")
+    others = tuple(r for r in ranks if r != me)
     if peer is None:
-        return ps_id
+        if not others:
+            raise ValueError(f"{what}: no other rank in the process set {ranks}")
+        return ps_id, others
     if isinstance(peer, bool) or not isinstance(peer, _INTS) or int(peer) not in ranks:
         raise ValueError(f"{what}: rank {peer!r} is not a global rank of the process set {ranks}")
     if int(peer) == me:
         raise ValueError(f"{what}: rank {me} cannot exchange a message with itself")
-    return ps_id
+    return ps_id, others
 
 
 def send_async(
@@ -51,7 +56,7 @@ def send_async(
     dtype: str | None = None,
 ) -> Handle:
     """Send ``array`` to global rank ``dst``; keep it unchanged until the handle is done."""
-    ps_id = _checked("send", dst, tag, process_set)
+    ps_id, _ = _checked("send", dst, tag, process_set)
     arr, dt, _ = _array(array, dtype)
     return mailbox().send(int(dst), ps_id, int(tag), arr.data.cast("B"), dt)
 
@@ -66,17 +71,10 @@ def recv_async(
 ) -> Handle:
     """Receive the next message from global rank ``src`` (None: any other rank of the set)
     with ``tag`` into ``array``; the handle gives the sender's global rank."""
-    peers: tuple[int, ...] = ()
-    if src is None:
-        ps_id = _checked("recv", None, tag, process_set)
-        me = _rt.runtime().identity.rank
-        peers = tuple(r for r in resolve(process_set).ranks if r != me)
-        if not peers:
-            raise ValueError("recv: no other rank in the process set to receive from")
-    else:
-        ps_id = _checked("recv", src, tag, process_set)
+    ps_id, others = _checked("recv", src, tag, process_set)
     arr, dt, _ = _array(array, dtype)
     if not arr.flags.writeable:
         raise ValueError("recv: the array to receive into is read-only")
-    peer = None if src is None else int(src)
-    return mailbox().recv(peer, ps_id, int(tag), arr.data.cast("B"), dt, peers)
+    if src is None:
+        return mailbox().recv(None, ps_id, int(tag), arr.data.cast("B"), dt, others)
+    return mailbox().recv(int(src), ps_id, int(tag), arr.data.cast("B"), dt)

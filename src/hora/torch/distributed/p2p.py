@@ -39,9 +39,12 @@ class HostBuffer:
             self.tensor.data.copy_(self.host.view(self.tensor.shape))
 
 
-def _peer(group: Any, tensors: list[torch.Tensor], peer: int, call: str) -> int:
+def _peer(group: Any, tensors: list[torch.Tensor], peer: int | None, call: str) -> int | None:
+    """The global rank of group rank ``peer`` (None: any rank) of a call on one tensor."""
     if len(tensors) != 1:
         raise ValueError(f"hora backend: {call} takes one tensor, got {len(tensors)}")
+    if peer is None:
+        return None
     if not 0 <= int(peer) < group.size():
         raise ValueError(f"hora backend: {call}: rank {peer} is not a rank of a group of "
                          f"{group.size()}")  # fmt: skip
@@ -61,12 +64,7 @@ def send(group: Any, tensors: list[torch.Tensor], dst: int, tag: int) -> HoraWor
 def recv(group: Any, tensors: list[torch.Tensor], src: int | None, tag: int) -> HoraWork:
     """``src`` None: from any rank of the group (torch's ``recv_anysource``); the work's
     ``_source_rank()`` gives the sender's group rank, as torch's ``recv`` asks of it."""
-    if src is None:
-        if len(tensors) != 1:
-            raise ValueError(f"hora backend: recv takes one tensor, got {len(tensors)}")
-        peer = None
-    else:
-        peer = _peer(group, tensors, src, "recv")
+    peer = _peer(group, tensors, src, "recv")
     s = HostBuffer(tensors[0])
     sender: list[int] = []
 
