@@ -302,20 +302,23 @@ def _same_bits(rank: int, count: int) -> dict[str, object]:
             out[f"{dtype}.{label}"] = all(g.tobytes() == got[0].tobytes() for g in got[1:])
             digest.update(got[-1].tobytes())
     # in place, into a given output, bfloat16 storage
+    size = hvd.size()
     buf = np.arange(count, dtype=np.float32) * (rank + 1)
     for _ in range(4):
         hvd.allreduce(buf, op=hvd.Sum, output=buf, name="inplace")
-    # element i is i * (1 + 2) after the first step, doubled at each later one
-    out["inplace"] = bool(np.array_equal(buf, np.arange(count) * 3.0 * 2**3))
+    # element i is i * (1 + .. + size) after the first step, times size at each later one
+    total = size * (size + 1) / 2
+    out["inplace"] = bool(np.array_equal(buf, np.arange(count) * total * size**3))
     src = np.full(count, rank + 1, dtype=np.float64)
     dst = np.zeros_like(src)
     for _ in range(4):
         hvd.allreduce(src, op=hvd.Average, output=dst, name="given")
-    out["given"] = bool(np.all(dst == 1.5) and np.all(src == rank + 1))
+    out["given"] = bool(np.all(dst == total / size) and np.all(src == rank + 1))
     bf = np.full(count, 0x3F80, dtype=np.uint16)  # bfloat16 1.0
     for _ in range(4):
         res = hvd.allreduce(bf, op=hvd.Sum, dtype="bfloat16", name="bf16")
-    out["bf16"] = bool(np.all(res == 0x4000) and np.all(bf == 0x3F80))  # 2.0; input kept
+    want = np.array([size], np.float32).view(np.uint32) >> 16  # bfloat16 of size
+    out["bf16"] = bool(np.all(res == want) and np.all(bf == 0x3F80))  # the input kept
     after = _stats()
     out["exchanged"] = after["exchanged"] - before["exchanged"]
     out["exchanged_shared"] = after["exchanged_shared"] - before["exchanged_shared"]
@@ -326,16 +329,24 @@ def _same_bits(rank: int, count: int) -> dict[str, object]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("count", "way"),
-    [(300, "exchanged"), (70_001, "exchanged_shared")],  # 70 KB to 560 KB: the shared arena
-    ids=["in-the-headers", "shared-arena"],
+    ("np_", "count", "way"),
+    [
+        (2, 300, "exchanged"),
+        (2, 70_001, "exchanged_shared"),  # 70 KB to 560 KB: the shared arena
+        (3, 300, "exchanged"),  # every member's inputs to every other, in the headers
+        (4, 300, "exchanged"),
+    ],
+    ids=["in-the-headers", "shared-arena", "np3-in-the-headers", "np4-in-the-headers"],
 )
-def test_inputs_exchanged_in_the_round_give_the_backends_bits(count: int, way: str) -> None:
-    """Up to 64 KiB the inputs travel in the round's headers; above, on one host, through the
-    set's shared arena (hora.backends.native.exchange_slot). Either way the later results have
-    the bits of the first, which the backend made, on both ranks."""
-    results = run_ranks(_same_bits, 2, args=(count,), timeout=90)
-    assert results[0]["digest"] == results[1]["digest"]  # the same bits on both ranks
+def test_inputs_exchanged_in_the_round_give_the_backends_bits(np_: int, count: int,
+                                                              way: str) -> None:  # fmt: skip
+    """Two members: up to 64 KiB the inputs travel in the round's headers; above, on one
+    host, through the set's shared arena (hora.backends.native.exchange_slot). More members:
+    small inputs travel in the headers to every member, and each reduces them in the order of
+    the backend's recursive doubling. Either way the later results have the bits of the first,
+    which the backend made, on every rank."""
+    results = run_ranks(_same_bits, np_, args=(count,), timeout=90)
+    assert len({r["digest"] for r in results}) == 1  # the same bits on every rank
     for out in results:
         bad = [k for k, v in out.items() if v is False]
         assert not bad, bad

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from hora.collectives.base import EAGER_BYTES, Comm, as_bytes, check_buffer
-from hora.collectives.reduce_ops import reducer
+from hora.collectives.reduce_ops import Reducer, reducer
 from hora.transport.base import Pair
 
 
@@ -81,3 +81,30 @@ def allreduce_recursive_doubling(
         mask <<= 1
     if rank < 2 * extra:
         comm.pair(rank - 1).send(raw)
+
+
+def reduce_like_doubling(parts: list[np.ndarray], reduce: Reducer, out: np.ndarray) -> None:
+    """Reduce every member's input (``parts``, in member order, left as they are) into ``out``
+    as :func:`allreduce_recursive_doubling` combines them: the folded pairs first, then a
+    balanced tree over the rest. The elementwise ops commute bit for bit, so this gives the
+    bits every member gets from the exchanges (what a round that hands every member's inputs
+    to every other computes, hora.core.handover)."""
+    n = len(parts)
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    level = []
+    for i in range(extra):
+        acc = np.empty_like(out)
+        reduce(parts[2 * i + 1], parts[2 * i], out=acc)
+        level.append(acc)
+    level += parts[2 * extra :]
+    while len(level) > 1:
+        last = len(level) == 2
+        nxt = []
+        for a, b in zip(level[::2], level[1::2]):
+            acc = out if last else np.empty_like(out)
+            reduce(a, b, out=acc)
+            nxt.append(acc)
+        level = nxt
+    if n == 1:
+        np.copyto(out, parts[0])

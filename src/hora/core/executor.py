@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from hora.backends.base import Backend, SetComm
-from hora.collectives.reduce_ops import AVERAGE, SUM, reducer_scaled, scale
+from hora.collectives.allreduce_recursive_doubling import reduce_like_doubling
+from hora.collectives.reduce_ops import AVERAGE, SUM, reducer, reducer_scaled, scale
 from hora.collectives.reducescatter_ring import reducescatter_counts
 from hora.core.buffers import BufferOps, HostBufferOps
 from hora.core.messages import OpType, Response, TensorSpec
@@ -369,6 +370,42 @@ class Executor:
             n = _numel(spec.request.shape)
             results.append(self._exchanged(spec, entry, mine[at : at + n],
                                            incoming[at : at + n], shared))
+            at += n
+        self._act(names, None)
+        return results
+
+    def finish_exchange_many(
+        self, specs: list[TensorSpec], entries: list[TensorEntry], inputs: list[Any]
+    ) -> list[np.ndarray]:
+        """The results of allreduces handed over in a round of more than two members, from
+        every member's prescaled inputs (``inputs``, in member order: this rank's array, the
+        others' header bytes), which begin with these tensors' in this order. Each result is
+        reduced in the order of the backend's recursive doubling, so every member makes the
+        same bits, those of the backend's exchanges; written to the outputs where there are
+        some."""
+        dtype = next(a.dtype for a in inputs if isinstance(a, np.ndarray))
+        arrays = [a if isinstance(a, np.ndarray) else np.frombuffer(a, dtype) for a in inputs]
+        need = sum(_numel(s.request.shape) for s in specs)
+        short = [m for m, a in enumerate(arrays) if a.size < need]
+        if short:
+            raise HoraInternalError(
+                f"{specs[0].request.name}: rank {short[0]} of the set handed over "
+                f"{arrays[short[0]].nbytes} bytes for {need * dtype.itemsize}"
+            )
+        names = [s.request.name for s in specs]
+        self._act(names, "EXCHANGE_ALLREDUCE")
+        results = []
+        at = 0
+        for spec, entry in zip(specs, entries):
+            req = spec.request
+            n = _numel(req.shape)
+            parts = [a[at : at + n] for a in arrays]
+            out = np.empty_like(parts[0]) if entry.output is None else entry.output.reshape(-1)
+            red = reducer(SUM if req.reduce_op == AVERAGE else req.reduce_op, req.dtype)
+            reduce_like_doubling(parts, red, out)
+            post = req.postscale / len(parts) if req.reduce_op == AVERAGE else req.postscale
+            scale(out, req.dtype, post)
+            results.append(out.reshape(req.shape))
             at += n
         self._act(names, None)
         return results

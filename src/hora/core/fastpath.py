@@ -45,6 +45,7 @@ thread, or such a caller); not thread-safe otherwise.
 
 from __future__ import annotations
 
+import os
 import select
 import struct
 import threading
@@ -64,6 +65,7 @@ from hora.core.stall import round_stall
 from hora.errors import TransportError
 from hora.settings import Settings
 from hora.transport.base import Pair
+from hora.transport.shm.pair import yield_while_waiting
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
 STOP = 16  # the header's flag: this member shuts down; the round it answers does not run
@@ -223,6 +225,7 @@ class DirectRounds(HandOver):
     _turn: threading.Lock
     _inline_runs: int
     spin_s: float  # how long a caller running its own round polls before it sleeps (0: never)
+    spin_yield: bool  # whether it gives its core away between polls (ranks outnumber cores)
     _inline_error: BaseException | None
     _forgotten: list[int]
     executor: Executor
@@ -252,6 +255,8 @@ class DirectRounds(HandOver):
             keys = [e.spec_request.match for e in entries]
             table = ms.table
             self._caller_turn = True
+            if self.spin_yield:  # the backend's receives in this thread poll, yielding
+                yield_while_waiting(self.spin_s)
             try:
                 while ms.direct.active and any(k in table for k in keys):
                     if self._closing or self._stop_requested:
@@ -261,6 +266,8 @@ class DirectRounds(HandOver):
                 self._inline_error = e
             finally:
                 self._caller_turn = False
+                if self.spin_yield:
+                    yield_while_waiting(0.0)
         finally:
             self._turn.release()
         if ms.table or self._inline_error is not None or self._stop_requested or self._closing:
@@ -314,14 +321,15 @@ class DirectRounds(HandOver):
         ids = list(ms.ready.values())
         flags = OTHER if ms.other else (BARRIER if ms.barrier else 0)
         offer, data = None, b""
-        if not flags and ms.comm.size == 2 and ids:  # the data may come along
+        if not flags and ids and ms.comm.size > 1:  # the data may come along
             offer, more, data = self._offer_data(ms, ids)
             flags |= more
         headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
         if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
             ms.leave_direct()
             return
-        if ms.comm.size == 2 and self._handed_over(ms, ids, offer, headers[1 - ms.comm.rank]):
+        if (offer is not None or ms.comm.size == 2) and self._handed_over(ms, ids, offer,
+                                                                          headers):
             return
         chosen = ms.direct.decide(headers)
         plan = ms.direct.plan(chosen, ms.cache) if chosen else None
@@ -395,8 +403,9 @@ class DirectRounds(HandOver):
         since = time.monotonic()
         warned: float | None = None
         wake, ctrl = self._wake_r.fileno(), ms.ctrl
-        # a caller that runs its own round, with a core of its own, polls without sleeping at
-        # first: a header that comes soon is then read at once, without a wake-up's latency
+        # a caller that runs its own round polls without sleeping at first (yielding its core
+        # between polls where ranks outnumber cores): a header that comes soon is then read at
+        # once, without a wake-up's latency
         spin = time.perf_counter() + self.spin_s if self._caller_turn and self.spin_s else 0.0
         try:
             while waiting:
@@ -404,6 +413,8 @@ class DirectRounds(HandOver):
                 if spin and not events:
                     if time.perf_counter() > spin:
                         spin = 0.0
+                    elif self.spin_yield:
+                        os.sched_yield()
                     continue
                 for fd, _ in events:
                     if fd in waiting:

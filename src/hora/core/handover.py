@@ -28,6 +28,14 @@ A slot is refilled only when the other member cannot be reading it:
 The word is a plain store, which x86 keeps behind the loads before it; on other architectures
 the slots just take turns. A round that runs work through the backend drops what was lent:
 the backend's fusion buffer and staging share the slots' part of the arena.
+
+A set of more members hands over small allreduces too, in the header only (``DATA``; the
+exchange slots are a pair's): every member's header carries its inputs to every other member,
+and each member reduces all of them in member order, so every member makes the same bits.
+The one exchange of headers then replaces the backend's log2(n) exchanges after it, for
+(n - 1) times the bytes, which pays where latency rules: at most :data:`MANY_MAX_BYTES` of
+inputs sent per member and round. With more ranks than cores every message is a wake-up of
+a rank that may wait for a core (np=4 on two cores: 4 KiB in 1.1 ms before, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -61,6 +69,9 @@ _ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 _WAIT_MIN_BYTES = 256 << 10
 _WAIT_BYTES_PER_S = 8e9
 _WAIT_MAX = 0.002
+# in a set of more than two members, a member's inputs go in its header to each of the n - 1
+# others only while those n - 1 copies come to at most this many bytes
+MANY_MAX_BYTES = 64 << 10
 
 
 class Lent:
@@ -156,9 +167,9 @@ class HandOver:
     def _touch(self, ms: Member, ids: list[int]) -> None: ...  # provided by DirectRounds
 
     def _offer_data(self, ms: Member, ids: list[int]) -> tuple[Offer | None, int, bytes]:
-        """What this member's header hands over in a two-member round: the offer (None:
-        nothing), the header's flags for it and the data that follows the ids."""
-        offer = self._offer(ms, ids)
+        """What this member's header hands over in a round: the offer (None: nothing), the
+        header's flags for it and the data that follows the ids."""
+        offer = self._offer(ms, ids) if ms.comm.size == 2 else self._offer_many(ms, ids)
         if offer is None:
             return None, 0, b""
         if offer[3]:  # in the shared arena
@@ -168,11 +179,12 @@ class HandOver:
         return offer, DATA, _OFFER.pack(len(offer[1]), 0) + offer[2].tobytes()
 
     def _handed_over(self, ms: Member, ids: list[int], offer: Offer | None,
-                     theirs: Header) -> bool:  # fmt: skip
-        """The two headers are in: finish what both handed over (True: the round then runs
-        nothing else), and tell the other member this one is done with its slot."""
-        taken = offer is not None and self._take_offers(ms, ids, offer, theirs)
-        if theirs[0] & SHARED:
+                     headers: list[Header]) -> bool:  # fmt: skip
+        """Every member's header is in: finish what all handed over (True: the round then
+        runs nothing else), and tell the other member of a pair this one is done with its
+        slot."""
+        taken = offer is not None and self._take_offers(ms, ids, offer, headers)
+        if ms.comm.size == 2 and headers[1 - ms.comm.rank][0] & SHARED:
             self._done_reading(ms)
         return taken
 
@@ -242,28 +254,51 @@ class HandOver:
             ms.slot = slot ^ 1
         return keys, run, got[0], got[1], slot, 0
 
+    def _offer_many(self, ms: Member, ids: list[int]) -> Offer | None:
+        """The inputs this member's header carries in a round of more than two members: those
+        of the first ready tensors (:func:`exchange_run`) while their n - 1 copies come to at
+        most :data:`MANY_MAX_BYTES`, in the header only."""
+        limit = MANY_MAX_BYTES // (ms.comm.size - 1)
+        specs = [ms.cache.get(cid) for cid in ids]
+        n = exchange_run(specs, min(limit, ms.direct.fusion_threshold))
+        run = [s for s in specs[:n] if s is not None]
+        if n == 0 or sum(s.request.nbytes for s in run) > limit:
+            return None
+        keys = list(ms.ready)[:n]
+        got = self.executor.exchange_input(ms.comm, run, [ms.table[k] for k in keys], 0)
+        if got is None or got[1]:
+            return None
+        return keys, run, got[0], False, 0, 0
+
     def _take_offers(self, ms: Member, ids: list[int], offer: Offer,
-                     theirs: Header) -> bool:  # fmt: skip
-        """Finish the tensors at the head of both members' lists whose inputs both handed
-        over (the round then runs nothing else); False if there are none. Every member finds
-        the same ones, from the two headers."""
+                     headers: list[Header]) -> bool:  # fmt: skip
+        """Finish the tensors at the head of every member's list whose inputs all handed over
+        (the round then runs nothing else); False if there are none. Every member finds the
+        same ones, from the same headers."""
         keys, specs, mine, shared, _, _ = offer
-        flags, their_ids, data = theirs
-        if not flags & (DATA | SHARED) or len(data) < _OFFER.size:
-            return False
-        count, at = _OFFER.unpack_from(data)
-        most = min(len(specs), count)
-        n = 0
-        while n < most and their_ids[n] == ids[n]:
-            n += 1
-        if n == 0:
-            return False
+        me, n = ms.comm.rank, len(specs)
+        offers = []
+        for member, (flags, their_ids, data) in enumerate(headers):
+            if member == me:
+                continue
+            if not flags & (DATA | SHARED) or len(data) < _OFFER.size:
+                return False
+            count, at = _OFFER.unpack_from(data)
+            most, n = min(n, count), 0
+            while n < most and their_ids[n] == ids[n]:
+                n += 1
+            if n == 0:
+                return False
+            offers.append((flags, at, data))
         keys, specs = keys[:n], specs[:n]
         nbytes = sum(s.request.nbytes for s in specs)
-        incoming: Any = data[_OFFER.size :]
-        if flags & SHARED:
-            incoming = self.executor.exchange_peer(ms.comm, 1 if flags & SLOT1 else 0, at,
-                                                   nbytes // mine.itemsize, mine.dtype)
+        inputs: list[Any] = []  # every member's, in member order
+        for flags, at, data in offers:
+            if flags & SHARED:
+                inputs.append(self.executor.exchange_peer(
+                    ms.comm, 1 if flags & SLOT1 else 0, at, nbytes // mine.itemsize, mine.dtype))
+            else:
+                inputs.append(data[_OFFER.size :])
         entries = [ms.table[k] for k in keys]
         for k in keys:
             del ms.ready[k]
@@ -278,7 +313,11 @@ class HandOver:
             for s in specs:
                 tl.negotiate_end(s.request.name)
                 tl.start(s.request.name, "ALLREDUCE")
-        results = self.executor.finish_exchange(specs, entries, mine, incoming, shared)
+        if len(headers) == 2:
+            results = self.executor.finish_exchange(specs, entries, mine, inputs[0], shared)
+        else:
+            inputs.insert(me, mine)
+            results = self.executor.finish_exchange_many(specs, entries, inputs)
         lent = ms.lent
         if lent is not None:  # what the other took from the slot is done with
             lent.entries = lent.entries[n:]

@@ -10,8 +10,9 @@ import pytest
 from coll_helpers import run_ranks, to_storage
 
 from hora.collectives import registry
+from hora.collectives.allreduce_recursive_doubling import reduce_like_doubling
 from hora.collectives.base import GroupComm
-from hora.collectives.reduce_ops import AVERAGE, MAX, MIN, PRODUCT, SUM, bf16_to_f32
+from hora.collectives.reduce_ops import AVERAGE, MAX, MIN, PRODUCT, SUM, bf16_to_f32, reducer
 from hora.dtypes import DTYPES, FLOATING
 from hora.transport.loopback import LoopbackTransport
 
@@ -167,3 +168,34 @@ def test_mismatched_lengths_fail_instead_of_hanging(algorithm: str) -> None:
 
     with pytest.raises(TransportError):
         run_ranks(3, body)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", range(1, 10))
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", [SUM, PRODUCT])
+def test_reduce_like_doubling_gives_the_exchanges_bits(size: int, dtype: str, op: int) -> None:
+    """What a round that hands every member's inputs to every other computes
+    (hora.core.handover) has the bits of the exchanges, for folded and unfolded sizes alike,
+    and leaves the inputs as they were; a plain left-to-right sum differs somewhere."""
+    count = 4001
+    inputs = [to_storage(np.random.default_rng(r).standard_normal(count), dtype)
+              for r in range(size)]
+
+    def body(t: LoopbackTransport) -> np.ndarray:
+        buf = inputs[t.rank].copy()
+        registry.allreduce_recursive_doubling(t, buf, dtype, op)
+        return buf
+
+    exchanged = run_ranks(size, body)[0]
+    kept = [x.copy() for x in inputs]
+    out = np.empty_like(inputs[0])
+    reduce_like_doubling(inputs, reducer(op, dtype), out)
+    np.testing.assert_array_equal(out, exchanged)
+    for x, y in zip(inputs, kept):
+        np.testing.assert_array_equal(x, y)
+    if size >= 4 and op == SUM:  # the order is what makes the bits
+        seq = inputs[0].copy()
+        for x in inputs[1:]:
+            reducer(op, dtype)(seq, x)
+        assert not np.array_equal(seq, out)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harness import run_ranks
-from hora.core.runtime import ROUND_SPIN_S, engine_core
+from hora.core.runtime import ROUND_SPIN_S, SHARED_SPIN_S, engine_core
 from hora.identity import Identity
 
 
@@ -142,20 +142,22 @@ def test_a_caller_polls_for_round_headers_only_where_each_local_rank_has_a_core(
     assert rt._core_each(_ident(1, 2), None)
 
 
-def _spin_setting(rank: int) -> float:
+def _spin_setting(rank: int) -> tuple[float, bool]:
     import hora as hvd
     from hora.core import runtime
 
     hvd.init()
     try:
-        return runtime.runtime().engine.spin_s
+        engine = runtime.runtime().engine
+        return engine.spin_s, engine.spin_yield
     finally:
         hvd.shutdown()
 
 
 @pytest.mark.timeout(60)
-def test_two_ranks_with_a_core_each_poll_briefly_and_four_do_not() -> None:
+def test_ranks_with_a_core_each_poll_briefly_and_more_ranks_than_cores_yield_between_polls(
+) -> None:  # fmt: skip
     cores = len(os.sched_getaffinity(0))
     for n in (2, 4):
-        want = ROUND_SPIN_S if cores >= n else 0.0
+        want = (ROUND_SPIN_S, False) if cores >= n else (SHARED_SPIN_S, True)
         assert run_ranks(_spin_setting, n, timeout=50) == [want] * n, (n, cores)
