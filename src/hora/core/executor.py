@@ -347,43 +347,19 @@ class Executor:
         return view
 
     def finish_exchange(
-        self, specs: list[TensorSpec], entries: list[TensorEntry], mine: np.ndarray,
-        theirs: bytes | np.ndarray, shared: bool = False,
+        self, specs: list[TensorSpec], entries: list[TensorEntry], inputs: list[Any], me: int,
+        shared: bool = False,
     ) -> list[np.ndarray]:  # fmt: skip
-        """The results of two-member allreduces from both members' prescaled inputs, which
-        begin with these tensors' in this order: the same bits on both ranks (the element-wise
-        ops commute), written to the outputs where there are some. ``shared``: both inputs
-        lie in the set's shared arena, where the other member reads ``mine`` meanwhile, so
-        the results are made in the outputs, never in ``mine``."""
-        need = sum(_numel(s.request.shape) for s in specs)
-        incoming = theirs if isinstance(theirs, np.ndarray) else np.frombuffer(theirs, mine.dtype)
-        if incoming.size < need or mine.size < need:
-            raise HoraInternalError(
-                f"{specs[0].request.name}: the other rank sent {incoming.nbytes} bytes for "
-                f"{need * mine.itemsize}"
-            )
-        names = [s.request.name for s in specs]
-        self._act(names, "EXCHANGE_ALLREDUCE")
-        results = []
-        at = 0
-        for spec, entry in zip(specs, entries):
-            n = _numel(spec.request.shape)
-            results.append(self._exchanged(spec, entry, mine[at : at + n],
-                                           incoming[at : at + n], shared))
-            at += n
-        self._act(names, None)
-        return results
-
-    def finish_exchange_many(
-        self, specs: list[TensorSpec], entries: list[TensorEntry], inputs: list[Any]
-    ) -> list[np.ndarray]:
-        """The results of allreduces handed over in a round of more than two members, from
-        every member's prescaled inputs (``inputs``, in member order: this rank's array, the
-        others' header bytes), which begin with these tensors' in this order. Each result is
-        reduced in the order of the backend's recursive doubling, so every member makes the
-        same bits, those of the backend's exchanges; written to the outputs where there are
-        some."""
-        dtype = next(a.dtype for a in inputs if isinstance(a, np.ndarray))
+        """The results of allreduces handed over in a round, from every member's prescaled
+        inputs (``inputs``, in member order: this rank's array at ``me``, the others' header
+        bytes or, between two members, a view of their exchange slot), which begin with these
+        tensors' in this order. The same bits on every member: between two members because the
+        element-wise ops commute; among more, each result is reduced in the order of the
+        backend's recursive doubling, which gives its bits. Written to the outputs where there
+        are some. ``shared``: both inputs lie in the set's shared arena, where the other
+        member reads this rank's meanwhile, so the results are made in the outputs, never in
+        this rank's inputs."""
+        dtype = inputs[me].dtype
         arrays = [a if isinstance(a, np.ndarray) else np.frombuffer(a, dtype) for a in inputs]
         need = sum(_numel(s.request.shape) for s in specs)
         short = [m for m, a in enumerate(arrays) if a.size < need]
@@ -397,18 +373,26 @@ class Executor:
         results = []
         at = 0
         for spec, entry in zip(specs, entries):
-            req = spec.request
-            n = _numel(req.shape)
+            n = _numel(spec.request.shape)
             parts = [a[at : at + n] for a in arrays]
-            out = np.empty_like(parts[0]) if entry.output is None else entry.output.reshape(-1)
-            red = reducer(SUM if req.reduce_op == AVERAGE else req.reduce_op, req.dtype)
-            reduce_like_doubling(parts, red, out)
-            post = req.postscale / len(parts) if req.reduce_op == AVERAGE else req.postscale
-            scale(out, req.dtype, post)
-            results.append(out.reshape(req.shape))
+            if len(parts) == 2:
+                results.append(self._exchanged(spec, entry, parts[me], parts[1 - me], shared))
+            else:
+                results.append(self._reduced_in_order(spec, entry, parts))
             at += n
         self._act(names, None)
         return results
+
+    @staticmethod
+    def _reduced_in_order(spec: TensorSpec, entry: TensorEntry,
+                          parts: list[np.ndarray]) -> np.ndarray:  # fmt: skip
+        req = spec.request
+        out = np.empty_like(parts[0]) if entry.output is None else entry.output.reshape(-1)
+        red = reducer(SUM if req.reduce_op == AVERAGE else req.reduce_op, req.dtype)
+        reduce_like_doubling(parts, red, out)
+        scale(out, req.dtype, req.postscale / len(parts) if req.reduce_op == AVERAGE
+              else req.postscale)  # fmt: skip
+        return out.reshape(req.shape)
 
     @staticmethod
     def _exchanged(spec: TensorSpec, entry: TensorEntry, mine: np.ndarray,

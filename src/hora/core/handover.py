@@ -313,11 +313,8 @@ class HandOver:
             for s in specs:
                 tl.negotiate_end(s.request.name)
                 tl.start(s.request.name, "ALLREDUCE")
-        if len(headers) == 2:
-            results = self.executor.finish_exchange(specs, entries, mine, inputs[0], shared)
-        else:
-            inputs.insert(me, mine)
-            results = self.executor.finish_exchange_many(specs, entries, inputs)
+        inputs.insert(me, mine)
+        results = self.executor.finish_exchange(specs, entries, inputs, me, shared)
         lent = ms.lent
         if lent is not None:  # what the other took from the slot is done with
             lent.entries = lent.entries[n:]
