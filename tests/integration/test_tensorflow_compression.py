@@ -1,6 +1,7 @@
 """PowerSGD and top-k through TensorFlow at np=2: DistributedGradientTape's gradients against the
-NumPy reference (eager and in a tf.function), and the Keras DistributedOptimizer training to
-the same weights on every rank."""
+NumPy reference (eager and in a tf.function), the Keras DistributedOptimizer training to
+the same weights on every rank, and the compressors' state through the elastic states'
+commit, restore and sync."""
 
 from __future__ import annotations
 
@@ -77,8 +78,74 @@ def check_keras_optimizer_trains_alike(ctx: dict[str, Any], r: int, n: int) -> N
     np.testing.assert_array_equal(everyone[0], everyone[1])
 
 
+def check_elastic_states_keep_the_compression(ctx: dict[str, Any], r: int, n: int) -> None:
+    """The Keras optimizer's PowerSGD state, and a tape's compressor given as a keyword, go
+    through commit, restore and sync with the variables: restore brings back the committed
+    factors, error memory and step; sync gives every rank rank 0's factors and step and
+    leaves each rank its own error memory."""
+    import numpy as np
+
+    tf, hvd = ctx["tf"], ctx["hvd"]
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16),
+                                 tf.keras.layers.Dense(1)])  # fmt: skip
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01),
+                                   compression=hvd.Compression.powersgd(rank=1, start_iter=1))
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(r)
+    x = rng.normal(size=(32, 8)).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # 4 steps
+    comp = opt._hora_reducer.compression
+    state = hvd.elastic.KerasState(model, epoch=0)
+    state.commit()
+    committed = comp.state_dict()
+    assert committed["step"] == 4 and committed["shared"] and committed["local"], committed
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert comp.step == 8
+    state.restore()
+    now = comp.state_dict()
+    assert now["step"] == 4
+    for name, slot in committed["shared"].items():
+        np.testing.assert_array_equal(now["shared"][name]["q"], slot["q"])
+    for name, slot in committed["local"].items():
+        np.testing.assert_array_equal(now["local"][name]["error"], slot["error"])
+    # a new round: rank 1's factors become rank 0's, its own error memory stays
+    if r == 1:
+        for slot in comp.shared.values():
+            slot["q"] = slot["q"] + 1.0
+        comp.step = 99
+    state.sync()
+    name = sorted(comp.shared)[0]
+    qs = hvd.allgather_object(comp.shared[name]["q"], name="test.keras.q")
+    np.testing.assert_array_equal(qs[0], qs[1])
+    assert comp.step == 4
+    errors = hvd.allgather_object(comp.local[name]["error"], name="test.keras.errors")
+    assert not np.array_equal(errors[0], errors[1])  # each rank's own memory
+    np.testing.assert_array_equal(comp.local[name]["error"], now["local"][name]["error"])
+
+    # a tape's compressor given as a keyword: held as it is, not copied as a plain value
+    tape_comp = ctx["hvd_tf"].Compression.topk(ratio=0.25, min_elements=8)
+    layer = tf.keras.layers.Dense(4)
+    layer.build((None, 8))
+    tstate = ctx["hvd_tf"].elastic.TensorFlowState(layer.variables, compression=tape_comp,
+                                                   epoch=3)  # fmt: skip
+    assert tstate.compression is tape_comp and tstate.epoch == 3
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(x[:4]) ** 2)
+    grads = ctx["hvd_tf"].DistributedGradientTape(tape, compression=tape_comp).gradient(
+        loss, layer.trainable_variables)
+    assert len(grads) == 2 and tape_comp.step == 1
+    tstate.commit()
+    kept = tape_comp.state_dict()
+    tape_comp.step, tape_comp.local = 7, {}
+    tstate.restore()
+    assert tape_comp.step == 1 and tape_comp.local.keys() == kept["local"].keys()
+
+
 CHECKS = {f.__name__: f for f in (check_tape_matches_reference,
-                                  check_keras_optimizer_trains_alike)}  # fmt: skip
+                                  check_keras_optimizer_trains_alike,
+                                  check_elastic_states_keep_the_compression)}  # fmt: skip
 
 
 def run_all(rank: int) -> dict[str, str]:

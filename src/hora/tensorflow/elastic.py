@@ -6,6 +6,13 @@
 - ``TensorFlowState(variables, **kwargs)``: a list of variables plus plain values.
 - ``TensorFlowKerasState(model, optimizer=None, **kwargs)``: a Keras model's and optimizer's
   variables plus plain values (``KerasState`` in the Keras modules).
+
+Both keep a stateful compressor's state (PowerSGD's factors and error memory, top-k's memory,
+the step count) with the variables: the Keras optimizer's, and any keyword value that is
+such a compressor or carries one (a ``DistributedGradientTape``, a distributed optimizer).
+Those values are held as they are, not copied as plain values. ``sync()`` gives every rank
+rank 0's shared part (the factors, the step) and leaves each rank its own error memory, as
+``broadcast_optimizer_state`` does in ``hora.torch``.
 - ``CommitStateCallbackImpl``, ``UpdateBatchStateCallbackImpl``,
   ``UpdateEpochStateCallbackImpl``: the Keras elastic callbacks, bound to each Keras world's
   ``Callback`` in ``hora.tensorflow.keras.elastic`` and ``hora.keras.elastic``.
@@ -28,6 +35,7 @@ import hora
 from hora.elastic.run import run as _run
 from hora.elastic.state import ObjectState, State
 from hora.errors import HoraInternalError, HorovodInternalError, HostsUpdatedInterrupt
+from hora.frameworks.grad_compression import GradientCompressor
 from hora.tensorflow.functions import broadcast_object, broadcast_variables
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,30 +82,79 @@ def _assign(variables: list[Any], values: list[np.ndarray] | None) -> None:
         v.assign(value)
 
 
+def _compressor_of(value: Any) -> GradientCompressor | None:
+    """The stateful compressor ``value`` is or carries (a tape or a Keras optimizer made
+    distributed, a TensorFlow 1 ``DistributedOptimizer``); None for anything else."""
+    if isinstance(value, GradientCompressor):
+        return value
+    for attr in ("_hora_reducer", "_reducer"):
+        found = getattr(getattr(value, attr, None), "compression", None)
+        if isinstance(found, GradientCompressor):
+            return found
+    return None
+
+
+def _plain_and_held(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A state's keywords: the plain values, and those that are or carry a stateful
+    compressor (kept as they are, their compressor's state saved with the variables)."""
+    held = {k: v for k, v in kwargs.items() if _compressor_of(v) is not None}
+    return {k: v for k, v in kwargs.items() if k not in held}, held
+
+
+class _Compressors:
+    """Stateful compressors' part of an elastic state (see the module doc)."""
+
+    def __init__(self, holders: list[Any]) -> None:
+        found = (_compressor_of(h) for h in holders)
+        self.compressors = list({id(c): c for c in found if c is not None}.values())
+        self.saved = [c.state_dict() for c in self.compressors]
+
+    def save(self) -> None:
+        self.saved = [c.state_dict() for c in self.compressors]
+
+    def restore(self) -> None:
+        for c, state in zip(self.compressors, self.saved):
+            c.load_state_dict(state)
+
+    def sync(self) -> None:
+        for i, c in enumerate(self.compressors):
+            shared = c.shared_state() if hora.rank() == 0 else None
+            c.load_shared_state(broadcast_object(shared, 0, name=f"hora.elastic.compression.{i}"))
+        self.save()
+
+
 class TensorFlowState(ObjectState):
     """Elastic state of variables and plain values: ``TensorFlowState(variables, **kwargs)``.
 
+    A keyword value that is or carries a stateful compressor (``compression=hvd.Compression.
+    powersgd(...)`` given to the tape) keeps its state with the variables (module doc).
     ``session`` (TensorFlow 1) is accepted and ignored.
     """
 
     def __init__(self, variables: Any = None, session: Any = None, **kwargs: Any) -> None:
         self.variables = list(variables or [])
         self._saved_variables: list[np.ndarray] | None = None
-        super().__init__(broadcast_object, hora.rank, **kwargs)
+        plain, held = _plain_and_held(kwargs)
+        super().__init__(broadcast_object, hora.rank, **plain)
+        self.__dict__.update(held)
+        self._compressors = _Compressors(list(held.values()))
         self._saved_variables = _values(self.variables)
 
     def save(self) -> None:
         self._saved_variables = _values(self.variables)
+        self._compressors.save()
         super().save()
 
     def restore(self) -> None:
         _assign(self.variables, self._saved_variables)
+        self._compressors.restore()
         super().restore()
 
     def sync(self) -> None:
         if self.variables:
             broadcast_variables(self.variables, root_rank=0)
         self._saved_variables = _values(self.variables)
+        self._compressors.sync()
         super().sync()
 
 
@@ -118,7 +175,10 @@ class TensorFlowKerasState(ObjectState):
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self._saved_model: list[np.ndarray] | None = None
         self._saved_optimizer: list[np.ndarray] | None = None
-        super().__init__(broadcast_object, hora.rank, **kwargs)
+        plain, held = _plain_and_held(kwargs)
+        super().__init__(broadcast_object, hora.rank, **plain)
+        self.__dict__.update(held)
+        self._compressors = _Compressors([self.optimizer, *held.values()])
         self._save_variables()
 
     def _build_optimizer(self) -> None:
@@ -140,6 +200,7 @@ class TensorFlowKerasState(ObjectState):
     def _save_variables(self) -> None:
         self._saved_model = _values(list(self.model.variables))
         self._saved_optimizer = _values(_optimizer_variables(self.optimizer))
+        self._compressors.save()
 
     def save(self) -> None:
         self._save_variables()
@@ -148,6 +209,7 @@ class TensorFlowKerasState(ObjectState):
     def restore(self) -> None:
         _assign(list(self.model.variables), self._saved_model)
         _assign(_optimizer_variables(self.optimizer), self._saved_optimizer)
+        self._compressors.restore()
         super().restore()
 
     def sync(self) -> None:
@@ -155,6 +217,7 @@ class TensorFlowKerasState(ObjectState):
         variables = list(self.model.variables) + _optimizer_variables(self.optimizer)
         if variables:
             broadcast_variables(variables, root_rank=0)
+        self._compressors.sync()
         self._save_variables()
         super().sync()
 
