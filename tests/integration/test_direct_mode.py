@@ -352,3 +352,32 @@ def test_inputs_exchanged_in_the_round_give_the_backends_bits(np_: int, count: i
         assert not bad, bad
         # 31 dtype and op cases plus 3 more, each exchanged twice or more
         assert int(out[way]) >= 2 * 34, out  # type: ignore[call-overload]
+
+
+def _split_group(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    # the group's first member fits a hand-over and its second does not (over 14 MiB, or over
+    # 64 KiB / (n - 1) among more members): a round that settled the first alone left the
+    # second waiting for a group that could never be whole again
+    xs = [np.full(n, rank + 1.0, np.float32) for n in (1024, 5_000_000)]
+    want = hvd.size() * (hvd.size() + 1) / 2
+    ok = []
+    for _ in range(6):
+        out = hvd.grouped_allreduce(xs, op=hvd.Sum, name="split")
+        ok.append(all(bool(np.all(o == want)) for o in out))
+    rounds = _stats()["direct_rounds"]
+    hvd.shutdown()
+    return {"ok": all(ok), "rounds": rounds}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_a_group_is_never_split_between_a_hand_over_and_the_backend(np_: int) -> None:
+    env = {"HOROVOD_FUSION_THRESHOLD": str(1 << 20)}
+    for out in run_ranks(_split_group, np_, timeout=90, env=env):
+        assert out["ok"] is True, out
+        assert int(out["rounds"]) > 0, out  # type: ignore[call-overload]  # in direct mode

@@ -94,10 +94,11 @@ Offer = tuple[list[str], list[TensorSpec], Any, bool, int, int]
 
 
 def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
-    """How many of a member's ready tensors, from the first, one hand-over in a two-member
-    round carries: allreduces of one dtype, at most ``limit`` bytes together (the fusion
-    threshold; the first goes in any case, so 0 carries one), cut before a group that is not
-    all there (unless that leaves none)."""
+    """How many of a member's ready tensors, from the first, one hand-over carries:
+    allreduces of one dtype, at most ``limit`` bytes together (the fusion threshold; the first
+    goes in any case, so 0 carries one), cut before a group that is not all there. A group
+    goes whole or not at all: a member settled on its own would leave the rest of its group
+    to a round's plan, which waits for the whole group and so for ever."""
     n = total = 0
     first = ""
     for spec in specs:
@@ -109,12 +110,11 @@ def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
         first = req.dtype
         n += 1
         total += req.nbytes
-    if n > 1:
+    if n:
         head = [s for s in specs[:n] if s is not None]
         whole = whole_groups(head)
         if len(whole) < n:
-            cut = next(i for i, s in enumerate(head) if i >= len(whole) or whole[i] is not s)
-            n = max(cut, 1)
+            n = next(i for i, s in enumerate(head) if i >= len(whole) or whole[i] is not s)
     return n
 
 

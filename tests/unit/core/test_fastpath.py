@@ -88,7 +88,8 @@ def test_one_hand_over_carries_a_run_of_allreduces_of_one_dtype_within_the_thres
     g1, g2 = spec("g1", group="g", group_size=2), spec("g2", group="g", group_size=2)
     assert exchange_run([a, g1, g2, b], 64) == 4
     assert exchange_run([a, g1, b], 64) == 1  # cut before the group that is not all there
-    assert exchange_run([g1, b], 64) == 1  # unless that leaves none
+    assert exchange_run([g1, b], 64) == 0  # a group goes whole or not at all
+    assert exchange_run([g1, g2, b], 8) == 0  # so one too large for the limit does not go
 
 
 # -- plans -----------------------------------------------------------------------------------
