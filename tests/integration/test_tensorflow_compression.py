@@ -57,19 +57,28 @@ def check_tape_matches_reference(ctx: dict[str, Any], r: int, n: int) -> None:
             assert np.allclose(reduced[1].numpy(), np.mean(biases, axis=0), atol=1e-5)
 
 
-def check_keras_optimizer_trains_alike(ctx: dict[str, Any], r: int, n: int) -> None:
+def _keras_job(ctx: dict[str, Any], r: int, compression: Any, lr: float, hidden: int,
+               rows: int, **dense: Any) -> tuple[Any, Any, Any, Any]:  # fmt: skip
+    """A two-layer Keras model compiled with the Keras DistributedOptimizer (SGD) and
+    ``compression``, and this rank's data: ``rows`` x 8 inputs and their row sums."""
     import numpy as np
 
     tf, hvd = ctx["tf"], ctx["hvd"]
     tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(32, activation="tanh"),
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(hidden, **dense),
                                  tf.keras.layers.Dense(1)])  # fmt: skip
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05),
-                                   compression=hvd.Compression.topk(ratio=0.1, min_elements=64))
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(lr), compression=compression)
     model.compile(optimizer=opt, loss="mse")
-    rng = np.random.default_rng(r)
-    x = rng.normal(size=(64, 8)).astype(np.float32)
-    y = x.sum(axis=1, keepdims=True)
+    x = np.random.default_rng(r).normal(size=(rows, 8)).astype(np.float32)
+    return model, opt, x, x.sum(axis=1, keepdims=True)
+
+
+def check_keras_optimizer_trains_alike(ctx: dict[str, Any], r: int, n: int) -> None:
+    import numpy as np
+
+    hvd = ctx["hvd"]
+    model, _, x, y = _keras_job(ctx, r, hvd.Compression.topk(ratio=0.1, min_elements=64), 0.05,
+                                32, 64, activation="tanh")  # fmt: skip
     first = model.evaluate(x, y, verbose=0)
     model.fit(x, y, batch_size=8, epochs=3, verbose=0)
     assert model.evaluate(x, y, verbose=0) < first
@@ -86,15 +95,8 @@ def check_elastic_states_keep_the_compression(ctx: dict[str, Any], r: int, n: in
     import numpy as np
 
     tf, hvd = ctx["tf"], ctx["hvd"]
-    tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16),
-                                 tf.keras.layers.Dense(1)])  # fmt: skip
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01),
-                                   compression=hvd.Compression.powersgd(rank=1, start_iter=1))
-    model.compile(optimizer=opt, loss="mse")
-    rng = np.random.default_rng(r)
-    x = rng.normal(size=(32, 8)).astype(np.float32)
-    y = x.sum(axis=1, keepdims=True)
+    model, opt, x, y = _keras_job(ctx, r, hvd.Compression.powersgd(rank=1, start_iter=1), 0.01,
+                                  16, 32)  # fmt: skip
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # 4 steps
     comp = opt._hora_reducer.compression
     state = hvd.elastic.KerasState(model, epoch=0)
