@@ -31,7 +31,8 @@ the backend's fusion buffer and staging share the slots' part of the arena.
 
 A set of more members hands over small allreduces too, in the header only (``DATA``; the
 exchange slots are a pair's): every member's header carries its inputs to every other member,
-and each member reduces all of them in member order, so every member makes the same bits.
+and each member reduces all of them in the order of the backend's recursive doubling
+(``reduce_like_doubling``), so every member makes the same bits, and the backend's.
 The one exchange of headers then replaces the backend's log2(n) exchanges after it, for
 (n - 1) times the bytes, which pays where latency rules: at most :data:`MANY_MAX_BYTES` of
 inputs sent per member and round. With more ranks than cores every message is a wake-up of
