@@ -128,8 +128,7 @@ class Engine(DirectRounds):
         # caller running its own op in direct mode (enqueue(inline=True)); never both.
         self._turn = threading.Lock()
         self._inline_runs = 0  # ops callers ran themselves (the loop then polls afresh)
-        self.spin_s = 0.0  # hora.core.runtime sets it (and spin_yield where cores are shared)
-        self.spin_yield = False
+        self.spin_s, self.spin_yield = 0.0, False  # hora.core.runtime sets them (fastpath)
         self._inline_error: BaseException | None = None  # a caller's failure, for the loop
         self._forgotten: list[int] = []  # connections a caller stopped watching
         self._deadline = 0.0  # rank 0: when it stops waiting for the others' goodbyes

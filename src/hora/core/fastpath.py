@@ -65,7 +65,7 @@ from hora.core.stall import round_stall
 from hora.errors import TransportError
 from hora.settings import Settings
 from hora.transport.base import Pair
-from hora.transport.shm.pair import yield_while_waiting
+from hora.transport.shm.waiting import yield_while_waiting
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
 STOP = 16  # the header's flag: this member shuts down; the round it answers does not run

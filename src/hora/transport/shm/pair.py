@@ -29,10 +29,8 @@ operation fails at once. ``close`` is safe from any thread.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,22 +74,11 @@ from hora.transport.shm.frames import (
     tally_frame,
 )
 from hora.transport.shm.staging import SLOT_BYTES, SLOTS, Staging
+from hora.transport.shm.waiting import poll_yielding, waiting_spin
 from hora.transport.tcp.pair import byte_view
 from hora.transport.tcp.wire import hard_close, recv_exact_into
 
 _DONE = Completion(done=True)  # shared by every isend that completed at once
-
-# Where ranks outnumber cores, a thread that waits for its own collective (a caller running
-# its round, hora.core.fastpath) polls a frame's socket this long before it blocks, giving its
-# core to any other runnable thread between polls: a peer that needs the core gets it at once,
-# and the frame is read without the wake-up a blocked reader needs (yield_while_waiting).
-_waiting = threading.local()
-
-
-def yield_while_waiting(seconds: float) -> None:
-    """How long this thread's receives on shared-memory pairs poll, yielding, before they
-    block (0: they block at once, the default)."""
-    _waiting.spin = seconds
 
 
 def _views(bufs: Sequence[Buffer], writable: bool = False) -> list[memoryview]:
@@ -539,27 +526,12 @@ class ShmPair:
     def _read_header(self) -> tuple[int, int, int, int, int]:
         if self._closed:
             raise self._closed_error()
-        spin = getattr(_waiting, "spin", 0.0)
+        spin = waiting_spin()
         if spin:
-            self._poll_yielding(spin)
+            poll_yielding(self._in.sock, spin)
         self._read_exact(memoryview(self._header))
         kind, slot, chunk, total, addr = HEADER.unpack(self._header)
         return int(kind), int(slot), int(chunk), int(total), int(addr)
-
-    def _poll_yielding(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for a frame to start, yielding the core between polls."""
-        sock, deadline = self._in.sock, time.perf_counter() + seconds
-        while True:
-            try:
-                sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                return  # data, or the end (the read that follows reports it)
-            except BlockingIOError:
-                pass
-            except OSError:
-                return
-            if time.perf_counter() > deadline:
-                return
-            os.sched_yield()
 
     def _read_exact(self, view: memoryview) -> None:
         try:
