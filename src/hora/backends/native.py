@@ -122,14 +122,16 @@ class NativeBackend:
             return
         red, left = reducer_scaled(comm.size, op, dtype, post)
         res = buf if out is None else out
+        assert arena is not None
+        words = arena.words()  # the two signals go through them (x86)
         if views is not None:
             check_buffer(buf, dtype)
-            allreduce_mapped(comm, views, red)
+            allreduce_mapped(comm, views, red, words)
             if out is not None:
                 np.copyto(out, buf)
         elif staged is not None:
             check_buffer(res, dtype)
-            allreduce_staged(comm, buf, staged, red, out=out)
+            allreduce_staged(comm, buf, staged, red, out=out, words=words)
         self.mapped += 1
         scale(res, dtype, left)
 

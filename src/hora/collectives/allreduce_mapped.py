@@ -11,6 +11,13 @@ Each block is reduced by one member only, so all members end with the same bits.
 messages also keep the buffers safe to reuse: nobody reads a buffer before its owner says it
 holds the next input, and nobody's result is read before every member has written its block.
 
+Given the arena's words (``words``), the two messages are words instead: each member counts its
+signals in its word :data:`SIGNAL_WORD` and waits until every other member's count has come as
+far (:func:`hora.transport.shm.waiting.wait_words`), where other cores see plain stores in the
+order they were made (x86). A message to each other member and one from each costs a system
+call and often a wake-up apiece, which at 16 members came to most of an allreduce of 1 MiB; a
+word costs a store, and a load per member polled.
+
 :func:`allreduce_staged` does the same for a buffer outside the arena (a single tensor), with
 one copy into the arena and one copy of the other members' blocks out of it.
 
@@ -22,24 +29,33 @@ on the calling (engine) thread.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
 from hora.collectives.base import Comm, offsets_of, split_even
 from hora.collectives.reduce_ops import Reducer
 from hora.transport import tally
+from hora.transport.shm.arena import STORES_IN_ORDER
+from hora.transport.shm.waiting import peer_closed, wait_words
 
 PIECE_BYTES = 256 << 10  # reduced, then written to the others, while in cache
+SIGNAL_WORD = 1  # the arena word a member counts its signals in (word 0: hora.core.handover)
+# whether signals go through the arena's words where they are given (tests set it off)
+SHARED_SIGNALS = STORES_IN_ORDER
+
+Words = Sequence[np.ndarray] | None  # every member's arena words, or None (messages)
 
 
-def allreduce_mapped(comm: Comm, views: Sequence[np.ndarray], reduce: Reducer) -> None:
+def allreduce_mapped(comm: Comm, views: Sequence[np.ndarray], reduce: Reducer,
+                     words: Words = None) -> None:  # fmt: skip
     """Reduce the members' ``views`` into every one of them (see the module doc)."""
     n, me = comm.size, comm.rank
     if n == 1:
         return
-    signal(comm)
+    signal(comm, words)
     _reduce_block(comm, views[me], views, reduce)
-    signal(comm)
+    signal(comm, words)
 
 
 def allreduce_staged(
@@ -48,6 +64,7 @@ def allreduce_staged(
     views: Sequence[np.ndarray],
     reduce: Reducer,
     out: np.ndarray | None = None,
+    words: Words = None,
 ) -> None:
     """Reduce every member's ``buf`` in place through the arena (``views``: every member's
     part, laid out as ``buf``): each member copies the others' blocks of its input into its
@@ -65,11 +82,11 @@ def allreduce_staged(
     for a in range(0, buf.size, step):
         b = min(a + step, buf.size)
         seg = [v[: b - a] for v in views]
-        _staged(comm, buf[a:b], seg, reduce, None if out is None else out[a:b])
+        _staged(comm, buf[a:b], seg, reduce, None if out is None else out[a:b], words)
 
 
 def _staged(comm: Comm, buf: np.ndarray, views: Sequence[np.ndarray], reduce: Reducer,
-            out: np.ndarray | None) -> None:  # fmt: skip
+            out: np.ndarray | None, words: Words) -> None:  # fmt: skip
     """One segment of :func:`allreduce_staged` (``views`` of ``buf``'s size)."""
     n, me = comm.size, comm.rank
     res = buf if out is None else out
@@ -78,9 +95,9 @@ def _staged(comm: Comm, buf: np.ndarray, views: Sequence[np.ndarray], reduce: Re
     others = [(bounds[j], bounds[j + 1]) for j in range(n) if j != me]
     for a, b in others:
         mine[a:b] = buf[a:b]
-    signal(comm)
+    signal(comm, words)
     _reduce_block(comm, res, views, reduce, None if out is None else buf)
-    signal(comm)
+    signal(comm, words)
     for a, b in others:
         res[a:b] = mine[a:b]
     # the others' blocks, copied in and out
@@ -122,11 +139,26 @@ def _reduce_block(
     return bounds
 
 
-def signal(comm: Comm) -> None:
-    """Tell every other member this one got here, then wait until each of them has."""
+def signal(comm: Comm, words: Words = None) -> None:
+    """Tell every other member this one got here, then wait until each of them has: with a
+    message on each pair, or through the arena's ``words`` (see the module doc)."""
     me = comm.rank
     peers = [j for j in range(comm.size) if j != me]
+    if words is not None and SHARED_SIGNALS:
+        mine = words[me]
+        count = int(mine[SIGNAL_WORD]) + 1
+        mine[SIGNAL_WORD] = count  # after this member's stores, which others now see
+        wait_words(words, SIGNAL_WORD, count, peers, partial(_check, comm))
+        return
     for j in peers:
         comm.pair(j).send_msg(b"")
     for j in peers:
         comm.pair(j).recv_msg()
+
+
+def _check(comm: Comm, j: int) -> None:
+    """Raise if member ``j``, awaited in a signal, is gone: its pair's end is closed."""
+    pair = comm.pair(j)
+    if peer_closed(pair.fileno()):
+        pair.recv_msg()  # reads the end: raises TransportError naming the member
+        raise AssertionError("a closed connection delivered a message")

@@ -41,7 +41,6 @@ a rank that may wait for a core (np=4 on two cores: 4 KiB in 1.1 ms before, docs
 
 from __future__ import annotations
 
-import platform
 import struct
 import time
 from collections.abc import Sequence
@@ -51,6 +50,7 @@ from hora.backends.base import SetComm
 from hora.core.executor import Executor, TensorEntry
 from hora.core.messages import OpType, TensorSpec
 from hora.core.response_cache import ResponseCache
+from hora.transport.shm.arena import STORES_IN_ORDER
 
 Header = tuple[int, list[int], bytes]  # a round's header, decoded: flags, cache ids, data
 
@@ -63,7 +63,7 @@ _OFFER = struct.Struct("<IQ")
 
 # the other member's word may say "done" while its loads are still under way only where stores
 # may pass earlier loads; x86 never lets them
-_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+_ORDERED = STORES_IN_ORDER
 # offers from this size wait for the word (smaller ones stay in the caches either way), at most
 # as long as the other member's reduction of them takes at this rate, and never longer than
 # _WAIT_MAX seconds

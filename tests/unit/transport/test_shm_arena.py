@@ -127,7 +127,7 @@ CASES = [
 ]
 
 
-def _allreduce(rank: int, counts: list[int]) -> dict[str, Any]:
+def _allreduce(rank: int, counts: list[int], shared: bool) -> dict[str, Any]:
     import hashlib
 
     import numpy as np
@@ -144,6 +144,7 @@ def _allreduce(rank: int, counts: list[int]) -> dict[str, Any]:
     n = comm.size
     arena = open_arena(pairs, rank, 8 << 20)
     assert arena is not None
+    words = arena.words() if shared else None  # the signals through the arena's words
     out: dict[str, Any] = {}
     for dtype, op in CASES:
         for count in counts:
@@ -162,7 +163,7 @@ def _allreduce(rank: int, counts: list[int]) -> dict[str, Any]:
             buf[:] = vals[rank]
             views = arena.views(buf)
             assert views is not None
-            allreduce_mapped(comm, views, reducer(ops[op], dtype))
+            allreduce_mapped(comm, views, reducer(ops[op], dtype), words)
             want = vals[0].copy()
             for v in vals[1:]:
                 reducer(ops[op], dtype)(want, v)
@@ -172,7 +173,7 @@ def _allreduce(rank: int, counts: list[int]) -> dict[str, Any]:
             )
             # a buffer outside the arena, staged through it: the same result, in place
             mine = vals[rank].copy()
-            allreduce_staged(comm, mine, views, reducer(ops[op], dtype))
+            allreduce_staged(comm, mine, views, reducer(ops[op], dtype), words=words)
             out[f"staged {dtype} {op} {count}"] = (
                 bool(np.array_equal(mine, want)),
                 hashlib.sha1(mine.tobytes()).hexdigest(),
@@ -180,23 +181,84 @@ def _allreduce(rank: int, counts: list[int]) -> dict[str, Any]:
             # in segments: views shorter than the buffer
             mine = vals[rank].copy()
             allreduce_staged(comm, mine, [v[: count // 3 + 1] for v in views],
-                             reducer(ops[op], dtype))  # fmt: skip
+                             reducer(ops[op], dtype), words=words)  # fmt: skip
             out[f"segments {dtype} {op} {count}"] = (
                 bool(np.array_equal(mine, want)),
                 hashlib.sha1(mine.tobytes()).hexdigest(),
             )
             del views, buf
+    out["signals"] = int(arena.words()[rank][1])
     arena.close()
     t.close()
     return out
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("shared", [False, True], ids=["messages", "words"])
 @pytest.mark.parametrize("np_", [2, 3])
-def test_allreduce_over_mapped_memory(np_: int) -> None:
+def test_allreduce_over_mapped_memory(np_: int, shared: bool) -> None:
+    from hora.transport.shm.arena import STORES_IN_ORDER
+
+    if shared and not STORES_IN_ORDER:
+        pytest.skip("signals through the arena's words need x86's order of stores")
     counts = [0, 1, 5, 70_001, 300_007]  # the largest spans several pieces per block
-    results = run_ranks(_allreduce, np_, args=(counts,), timeout=100)
+    results = run_ranks(_allreduce, np_, args=(counts, shared), timeout=100)
+    # two signals per mapped call and per staged segment, counted in each member's word
+    segments = [-(-c // s) for c in counts for s in (max(c, 1), c // 3 + 1)]
+    want = len(CASES) * (2 * len(counts) + 2 * sum(segments)) if shared else 0
+    assert [out.pop("signals") for out in results] == [want] * np_
     for case, (ok, digest) in results[0].items():
         assert ok, f"rank 0: wrong result for {case}"
         for rank, out in enumerate(results[1:], 1):
             assert out[case] == (True, digest), f"rank {rank} differs from rank 0 for {case}"
+
+
+def _one_goes(rank: int, gone: int) -> dict[str, Any]:
+    import os
+    import time
+
+    import numpy as np
+
+    from hora.collectives.allreduce_mapped import allreduce_mapped
+    from hora.collectives.base import GroupComm
+    from hora.collectives.reduce_ops import SUM, reducer
+    from hora.errors import TransportError
+    from hora.transport.shm.arena import open_arena
+
+    t, pairs = _pairs(rank)
+    comm = GroupComm(t)
+    arena = open_arena(pairs, rank, 1 << 20)
+    assert arena is not None
+    buf = arena.mine(1000, np.dtype(np.float32))
+    buf[:] = 1
+    views = arena.views(buf)
+    assert views is not None
+    allreduce_mapped(comm, views, reducer(SUM, "float32"), arena.words())
+    out: dict[str, Any] = {"first": float(buf[0])}
+    if rank == gone:
+        os._exit(0)  # gone without a word: the others wait in the first signal
+    start = time.monotonic()
+    try:
+        allreduce_mapped(comm, views, reducer(SUM, "float32"), arena.words())
+        out["error"] = None
+    except TransportError as e:
+        out["error"] = str(e)
+    out["seconds"] = time.monotonic() - start
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_member_gone_during_signals_through_words_raises_on_the_others() -> None:
+    from harness import spawn_ranks
+
+    from hora.transport.shm.arena import STORES_IN_ORDER
+
+    if not STORES_IN_ORDER:
+        pytest.skip("signals through the arena's words need x86's order of stores")
+    results = spawn_ranks(_one_goes, 3, args=(2,), timeout=50)
+    for r in results[:2]:
+        assert r.ok, f"rank {r.rank}: {r.status}\n{r.stderr[-2000:]}"
+        assert r.value["first"] == 3.0
+        assert r.value["error"] is not None, f"rank {r.rank} went on without member 2"
+        assert "closed" in r.value["error"], r.value["error"]
+        assert r.value["seconds"] < 20, r.value  # raised, did not hang (the test's bound: 50)

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import mmap
 import os
+import platform
 import struct
 from collections.abc import Sequence
 
@@ -47,6 +48,11 @@ HEAD = 4096  # each part's own page before what callers lay out: the token, then
 _WORDS = 64  # the words' byte offset in the head (a cache line of their own)
 WORDS = 8  # int64 words per part (Arena.words)
 _OK, _NO = b"\x01", b"\x00"
+# whether other cores see this process's plain stores in the order it made them, and it its
+# loads in the order it made them (x86), so that a word set after data written says the data
+# is there, and a word set after data read says the reads are done; elsewhere the words only
+# carry what may be read late
+STORES_IN_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
 class Arena:
