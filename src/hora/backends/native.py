@@ -12,11 +12,12 @@ import numpy as np
 
 from hora.backends.base import SetComm
 from hora.collectives import hierarchical, registry
-from hora.collectives.allreduce_mapped import allreduce_mapped, allreduce_staged
+from hora.collectives.allreduce_mapped import SHARED_SIGNALS, allreduce_mapped, allreduce_staged
 from hora.collectives.base import check_buffer
 from hora.collectives.reduce_ops import reducer_scaled, scale
 from hora.dtypes import storage_dtype
 from hora.transport.shm.arena import Arena, open_arena
+from hora.transport.shm.mailbox import Mailboxes
 
 if TYPE_CHECKING:
     from hora.backends.registry import BackendContext
@@ -40,8 +41,14 @@ ARENA_BYTES = 128 << 20
 # measured at np=2 on one host, 0.38-0.96 of the time from 80 KiB to 8 MiB; at 12-16 MiB
 # single-copy reads are faster (1.12-1.53x), the copies costing more than the system calls
 # they save. Up to 64 KiB the small-message path (or, in direct mode, the round's headers)
-# takes one exchange.
+# takes one exchange. In a set of n > 2 members whose signals go through the arena's words
+# (hora.collectives.allreduce_mapped) the arena takes a buffer from MANY_MAX_BYTES / (n - 1):
+# the small-message path is log2(n) exchanges on the pairs there. np=4 on 2 cores, alternating
+# runs: 32 KiB 0.66-0.67 ms against 0.89-0.99, 64 KiB 0.62-0.72 against 0.92-0.99. Smaller
+# ones keep the small-message path's recursive doubling, whose bits direct mode's hand-over
+# makes for the allreduces it carries (hora.core.handover), up to the same size.
 MAPPED_MIN_BYTES = 64 << 10
+MANY_MAX_BYTES = 64 << 10
 MAPPED_MAX_BYTES = 8 << 20
 # Where the set's pairs cannot read single-copy (Yama's ptrace_scope=1, HORA_SHM_SINGLE_COPY=0)
 # a larger single buffer goes through the arena too, in segments of this many bytes, rather
@@ -96,6 +103,7 @@ class NativeBackend:
                                                       or knobs.torus_allreduce)
         self._hier_allgather = knobs is not None and knobs.hierarchical_allgather
         self._arenas: dict[int, Arena | None] = {}  # by process set, once asked for
+        self._boxes: dict[int, Mailboxes] = {}  # their mailboxes, once asked for
         # allreduces run over a shared arena, and fused ones gathered where their tensors lie
         # (tests and diagnosis read them)
         self.mapped = self.gathered = 0
@@ -107,7 +115,10 @@ class NativeBackend:
         arena = self._arenas.get(comm.process_set_id)
         views = arena.views(buf) if arena is not None else None  # the set's fusion buffer
         staged = None  # else a single buffer staged through the arena
-        if views is None and buf.nbytes > MAPPED_MIN_BYTES:
+        least = MAPPED_MIN_BYTES
+        if comm.size > 2 and SHARED_SIGNALS:
+            least = MANY_MAX_BYTES // (comm.size - 1)
+        if views is None and buf.nbytes > least:
             arena = self._arena(comm)
             if arena is not None and buf.nbytes <= min(MAPPED_MAX_BYTES, arena.nbytes):
                 staged = arena.region(0, buf.nbytes, buf.dtype)
@@ -177,6 +188,17 @@ class NativeBackend:
         arena = self._arenas.get(comm.process_set_id)
         return None if arena is None else arena.words()
 
+    def mailboxes(self, comm: SetComm) -> Mailboxes | None:
+        """The mailboxes of the set's shared arena (what a round's header goes through in a
+        set of more than two members); None if the set has no arena open. Never opens one."""
+        arena = self._arenas.get(comm.process_set_id)
+        if arena is None:
+            return None
+        boxes = self._boxes.get(comm.process_set_id)
+        if boxes is None:
+            boxes = self._boxes[comm.process_set_id] = Mailboxes(arena)
+        return boxes
+
     def _arena(self, comm: SetComm) -> Arena | None:
         """The set's shared arena, opened (collectively) the first time it is asked for."""
         ps_id = comm.process_set_id
@@ -238,11 +260,13 @@ class NativeBackend:
         pass  # pairs connect lazily; nothing to prepare
 
     def remove_process_set(self, ps_id: int, ranks: list[int]) -> None:
+        self._boxes.pop(ps_id, None)
         arena = self._arenas.pop(ps_id, None)
         if arena is not None:
             arena.close()
 
     def close(self) -> None:
+        self._boxes.clear()
         arenas, self._arenas = self._arenas, {}
         for arena in arenas.values():
             if arena is not None:

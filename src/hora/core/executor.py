@@ -28,6 +28,7 @@ from hora.collectives.reducescatter_ring import reducescatter_counts
 from hora.core.buffers import BufferOps, HostBufferOps
 from hora.core.messages import OpType, Response, TensorSpec
 from hora.errors import HoraInternalError
+from hora.transport.shm.mailbox import Mailboxes
 
 
 @dataclass(slots=True)
@@ -336,6 +337,12 @@ class Executor:
         """Every member's words in the head of the set's shared arena (what members tell one
         another between messages, hora.core.handover); None without an open arena."""
         get = getattr(self.backend, "exchange_words", None)
+        return get(comm) if get is not None else None
+
+    def mailboxes(self, comm: SetComm) -> Mailboxes | None:
+        """The mailboxes of the set's shared arena (hora.transport.shm.mailbox); None without
+        an open arena."""
+        get = getattr(self.backend, "mailboxes", None)
         return get(comm) if get is not None else None
 
     def exchange_peer(self, comm: SetComm, slot: int, at: int, count: int,

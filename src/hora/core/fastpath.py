@@ -65,7 +65,9 @@ from hora.core.stall import round_stall
 from hora.errors import TransportError
 from hora.settings import Settings
 from hora.transport.base import Pair
-from hora.transport.shm.waiting import yield_while_waiting
+from hora.transport.shm.arena import STORES_IN_ORDER
+from hora.transport.shm.mailbox import Mailboxes
+from hora.transport.shm.waiting import peer_closed, yield_while_waiting
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
 STOP = 16  # the header's flag: this member shuts down; the round it answers does not run
@@ -73,6 +75,12 @@ BARRIER = 32  # the header's flag: this member waits in a barrier
 _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, then any data
 # (DATA, SHARED and SLOT1, the flags of a two-member round that hands over its data, are
 # hora.core.handover's)
+# a set of at least this many members with a shared arena posts its rounds' headers in the
+# arena's mailboxes (one write each, polled for) rather than on every pair (a system call per
+# member on each side, and a wake-up); the member polling naps from _NAP_MIN to _NAP_MAX
+# seconds between polls, doubling
+MAILBOX_MIN_MEMBERS = 3
+_NAP_MIN, _NAP_MAX = 20e-6, 500e-6
 
 
 def encode_header(ids: Sequence[int], flags: int = 0, data: bytes = b"") -> bytes:
@@ -370,6 +378,10 @@ class DirectRounds(HandOver):
                     except TransportError:
                         continue  # a peer that is gone waits for nothing
         stop = encode_header([], STOP)
+        boxes = self._mailboxes(ms)
+        if boxes is not None:  # the others read the next round's headers there
+            boxes.commit(boxes.begin(stop)[0])
+            pairs = []
         for pair in pairs:
             try:
                 pair.send_msg(stop)
@@ -380,7 +392,9 @@ class DirectRounds(HandOver):
     def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header]:
         """Send this member's header to the others and wait for theirs, serving control
         messages and wake-ups meanwhile. A shutdown does not end the wait: every other member
-        sends its header for this round, or ``STOP`` once it shuts down."""
+        sends its header for this round, or ``STOP`` once it shuts down. In a set of more
+        than two members with a shared arena the headers go through its mailboxes
+        (:mod:`hora.transport.shm.mailbox`): each written once, and polled for."""
         comm = ms.comm
         headers: list[Any] = [None] * comm.size
         headers[comm.rank] = own
@@ -391,11 +405,16 @@ class DirectRounds(HandOver):
                 if p != comm.rank:
                     pair = comm.pair(p)
                     peers[pair.fileno()] = (p, pair)
-        for p, pair in peers.values():
-            try:
-                pair.send_msg(mine)
-            except TransportError as e:
-                raise self._peer_gone(comm.ranks[p]) from e
+        boxes = self._mailboxes(ms)
+        count, fits = boxes.begin(mine) if boxes is not None else (0, False)
+        if not fits:
+            for p, pair in peers.values():
+                try:
+                    pair.send_msg(mine)
+                except TransportError as e:
+                    raise self._peer_gone(comm.ranks[p]) from e
+        if boxes is not None:
+            boxes.commit(count)
         if not peers:
             return headers
         poller = self._round_poller(ms)
@@ -405,20 +424,36 @@ class DirectRounds(HandOver):
         wake, ctrl = self._wake_r.fileno(), ms.ctrl
         # a caller that runs its own round polls without sleeping at first (yielding its core
         # between polls where ranks outnumber cores): a header that comes soon is then read at
-        # once, without a wake-up's latency
+        # once, without a wake-up's latency. Polling mailboxes, a member then naps between
+        # polls (nothing wakes it when a header is posted).
         spin = time.perf_counter() + self.spin_s if self._caller_turn and self.spin_s else 0.0
+        nap = 0.0
         try:
             while waiting:
-                events = poller.poll(0 if spin else 500.0)
-                if spin and not events:
+                if boxes is not None:
+                    for fd, (p, pair) in list(waiting.items()):
+                        if boxes.posted(p, count):
+                            del waiting[fd]
+                            poller.unregister(fd)
+                            headers[p] = self._posted(boxes, count, p, pair, comm)
+                    if not waiting:
+                        break
+                events = poller.poll(0 if spin or boxes is not None else 500.0)
+                if not events and spin:
                     if time.perf_counter() > spin:
                         spin = 0.0
                     elif self.spin_yield:
                         os.sched_yield()
                     continue
+                if not events and boxes is not None:
+                    nap = min(max(2 * nap, _NAP_MIN), _NAP_MAX)
+                    time.sleep(nap)
                 for fd, _ in events:
                     if fd in waiting:
-                        p, pair = waiting.pop(fd)
+                        p, pair = waiting[fd]
+                        if boxes is not None and not peer_closed(fd):
+                            continue  # a header too large for the mailbox, posted soon
+                        del waiting[fd]
                         poller.unregister(fd)  # its next round's header may come first
                         try:
                             payload = pair.recv_msg()
@@ -440,6 +475,22 @@ class DirectRounds(HandOver):
                 if fd not in waiting:
                     poller.register(fd, select.POLLIN)
         return headers
+
+    def _mailboxes(self, ms: MemberState) -> Mailboxes | None:
+        """The mailboxes a round's headers go through in this set; None: on the pairs. The
+        same answer on every member at every round: the set's arena opens inside a
+        collective, between two rounds."""
+        if ms.comm.size < MAILBOX_MIN_MEMBERS or not STORES_IN_ORDER:
+            return None
+        return self.executor.mailboxes(ms.comm)
+
+    def _posted(self, boxes: Mailboxes, count: int, p: int, pair: Pair, comm: SetComm) -> Header:
+        """Member ``p``'s header, posted in its mailbox (or, too large, on ``pair``)."""
+        try:
+            payload = boxes.take(p, count, pair)
+        except TransportError as e:
+            raise self._peer_gone(comm.ranks[p]) from e
+        return decode_header(payload, comm.ranks[p])
 
     def _round_poller(self, ms: MemberState) -> Any:
         """The poll object a round waits on (made once per member): the other members' data

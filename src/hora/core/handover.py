@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from hora.backends.base import SetComm
+from hora.backends.native import MANY_MAX_BYTES
 from hora.core.executor import Executor, TensorEntry
 from hora.core.messages import OpType, TensorSpec
 from hora.core.response_cache import ResponseCache
@@ -71,8 +72,8 @@ _WAIT_MIN_BYTES = 256 << 10
 _WAIT_BYTES_PER_S = 8e9
 _WAIT_MAX = 0.002
 # in a set of more than two members, a member's inputs go in its header to each of the n - 1
-# others only while those n - 1 copies come to at most this many bytes
-MANY_MAX_BYTES = 64 << 10
+# others only while those n - 1 copies come to at most MANY_MAX_BYTES (the backend's, which
+# reduces larger ones in the set's shared arena)
 
 
 class Lent:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from harness import run_ranks
+from harness import run_ranks, spawn_ranks
 
 
 def _pairs(rank: int) -> tuple[Any, list[Any]]:
@@ -249,8 +249,6 @@ def _one_goes(rank: int, gone: int) -> dict[str, Any]:
 
 @pytest.mark.timeout(60)
 def test_a_member_gone_during_signals_through_words_raises_on_the_others() -> None:
-    from harness import spawn_ranks
-
     from hora.transport.shm.arena import STORES_IN_ORDER
 
     if not STORES_IN_ORDER:

@@ -17,8 +17,9 @@ member decides alike. A memfd has no name: nothing is left behind on
 any exit path, a SIGKILL included, and the kernel frees it when the last process unmaps it.
 The size never changes once shared, so a mapping can never fault past its end.
 
-A part begins with a page of its own (:data:`HEAD`): the token, then a few words that members
-set for one another with plain stores (:meth:`Arena.words`); what callers lay out (the fusion
+A part begins with a head of its own (:data:`HEAD`): a page with the token, then a few words
+that members set for one another with plain stores (:meth:`Arena.words`), then two mailboxes
+(:meth:`Arena.mailboxes`, :mod:`hora.transport.shm.mailbox`); what callers lay out (the fusion
 buffer, exchange slots) begins after it, still page-aligned.
 
 :func:`open_arena` is collective (every member calls it at the same point of the set's order,
@@ -44,7 +45,10 @@ log = logging.getLogger(__name__)
 # pid, descriptor number, bytes, the token at its start, and whether the member's pairs to
 # every other member read single-copy both ways
 _HELLO = struct.Struct("<qqq16s?")
-HEAD = 4096  # each part's own page before what callers lay out: the token, then the words
+MAILBOX = 64 << 10  # bytes of each of a part's two mailboxes (Arena.mailboxes)
+# each part's own head before what callers lay out: a page with the token, then the words;
+# then the two mailboxes
+HEAD = 4096 + 2 * MAILBOX
 _WORDS = 64  # the words' byte offset in the head (a cache line of their own)
 WORDS = 8  # int64 words per part (Arena.words)
 _OK, _NO = b"\x01", b"\x00"
@@ -69,6 +73,8 @@ class Arena:
         whole = [np.frombuffer(m, dtype=np.uint8) for m in maps]
         self._words = [w[_WORDS : _WORDS + 8 * WORDS].view(np.int64) for w in whole]
         self._bytes = [w[HEAD:] for w in whole]
+        self._boxes = [[w[4096 + k * MAILBOX : 4096 + (k + 1) * MAILBOX] for w in whole]
+                       for k in (0, 1)]  # fmt: skip
         self._base = int(self._bytes[rank].ctypes.data)
 
     def mine(self, count: int, dtype: np.dtype) -> np.ndarray:
@@ -87,6 +93,11 @@ class Arena:
         wait."""
         return self._words
 
+    def mailboxes(self, which: int) -> list[np.ndarray]:
+        """Every member's mailbox ``which`` (0 or 1) of :data:`MAILBOX` bytes, by member: where
+        each writes what all the others read (each member writes only its own)."""
+        return self._boxes[which]
+
     def views(self, like: np.ndarray) -> list[np.ndarray] | None:
         """Every member's part laid out as ``like``, a view at the start of this rank's part
         (what :meth:`mine` gave); None if ``like`` is not one."""
@@ -97,6 +108,7 @@ class Arena:
     def close(self) -> None:
         """Unmap everything (views into the arena must be gone) and let the memory go."""
         maps, self._maps, self._bytes, self._words = self._maps, [], [], []
+        self._boxes = [[], []]
         for m in maps:
             with contextlib.suppress(BufferError):  # a view still held: unmapped with it
                 m.close()
