@@ -108,7 +108,7 @@ for NP in ${NPS//,/ }; do
         --backends "$BACKENDS" --timeout 120 --json "$OUT/allreduce_np$NP.json"
 done
 
-step "hora bench scaling --np $SCALE_NPS" scaling.txt 150 \
+step "hora bench scaling --np $SCALE_NPS" scaling.txt 240 \
     "$PY" -m hora.lab scaling --device cpu --model "$MODELS" --backends native,ddp \
     --np "$SCALE_NPS" --steps "$STEPS" --warmup 3 --timeout 60 --out "$OUT/scaling"
 
