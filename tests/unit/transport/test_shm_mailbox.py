@@ -28,10 +28,11 @@ def _lockstep(rank: int, turns: int) -> dict[str, Any]:
     arena = open_arena(pairs, rank, 1 << 16)
     assert arena is not None
     boxes = Mailboxes(arena)
+    capacity = boxes.capacity
 
     def message(member: int, turn: int) -> bytes:
         # every seventh turn too large for a mailbox; the others of varied sizes, empty too
-        n = boxes.capacity + 1000 if turn % 7 == 3 else (turn * 37 + member * 11) % 3000
+        n = capacity + 1000 if turn % 7 == 3 else (turn * 37 + member * 11) % 3000
         return bytes((member + turn + i) % 251 for i in range(n))
 
     wrong: list[str] = []
