@@ -12,11 +12,11 @@ import numpy as np
 
 from hora.backends.base import SetComm
 from hora.collectives import hierarchical, registry
-from hora.collectives.allreduce_mapped import SHARED_SIGNALS, allreduce_mapped, allreduce_staged
+from hora.collectives.allreduce_mapped import allreduce_mapped, allreduce_staged
 from hora.collectives.base import check_buffer
 from hora.collectives.reduce_ops import reducer_scaled, scale
 from hora.dtypes import storage_dtype
-from hora.transport.shm.arena import Arena, open_arena
+from hora.transport.shm.arena import STORES_IN_ORDER, Arena, open_arena
 from hora.transport.shm.mailbox import Mailboxes
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class NativeBackend:
         views = arena.views(buf) if arena is not None else None  # the set's fusion buffer
         staged = None  # else a single buffer staged through the arena
         least = MAPPED_MIN_BYTES
-        if comm.size > 2 and SHARED_SIGNALS:
+        if comm.size > 2 and STORES_IN_ORDER:
             least = MANY_MAX_BYTES // (comm.size - 1)
         if views is None and buf.nbytes > least:
             arena = self._arena(comm)

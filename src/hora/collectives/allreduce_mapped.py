@@ -41,8 +41,6 @@ from hora.transport.shm.waiting import peer_closed, wait_words
 
 PIECE_BYTES = 256 << 10  # reduced, then written to the others, while in cache
 SIGNAL_WORD = 1  # the arena word a member counts its signals in (word 0: hora.core.handover)
-# whether signals go through the arena's words where they are given (tests set it off)
-SHARED_SIGNALS = STORES_IN_ORDER
 
 Words = Sequence[np.ndarray] | None  # every member's arena words, or None (messages)
 
@@ -144,7 +142,7 @@ def signal(comm: Comm, words: Words = None) -> None:
     message on each pair, or through the arena's ``words`` (see the module doc)."""
     me = comm.rank
     peers = [j for j in range(comm.size) if j != me]
-    if words is not None and SHARED_SIGNALS:
+    if words is not None and STORES_IN_ORDER:
         mine = words[me]
         count = int(mine[SIGNAL_WORD]) + 1
         mine[SIGNAL_WORD] = count  # after this member's stores, which others now see

@@ -67,7 +67,7 @@ from hora.settings import Settings
 from hora.transport.base import Pair
 from hora.transport.shm.arena import STORES_IN_ORDER
 from hora.transport.shm.mailbox import Mailboxes
-from hora.transport.shm.waiting import peer_closed, yield_while_waiting
+from hora.transport.shm.waiting import peer_closed, sleep_nap, yield_while_waiting
 
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
 STOP = 16  # the header's flag: this member shuts down; the round it answers does not run
@@ -77,10 +77,10 @@ _HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, th
 # hora.core.handover's)
 # a set of at least this many members with a shared arena posts its rounds' headers in the
 # arena's mailboxes (one write each, polled for) rather than on every pair (a system call per
-# member on each side, and a wake-up); the member polling naps from _NAP_MIN to _NAP_MAX
-# seconds between polls, doubling
+# member on each side, and a wake-up); the member polling naps up to _NAP_MAX seconds between
+# polls (hora.transport.shm.waiting.sleep_nap)
 MAILBOX_MIN_MEMBERS = 3
-_NAP_MIN, _NAP_MAX = 20e-6, 500e-6
+_NAP_MAX = 500e-6
 
 
 def encode_header(ids: Sequence[int], flags: int = 0, data: bytes = b"") -> bytes:
@@ -446,8 +446,7 @@ class DirectRounds(HandOver):
                         os.sched_yield()
                     continue
                 if not events and boxes is not None:
-                    nap = min(max(2 * nap, _NAP_MIN), _NAP_MAX)
-                    time.sleep(nap)
+                    nap = sleep_nap(nap, _NAP_MAX)
                 for fd, _ in events:
                     if fd in waiting:
                         p, pair = waiting[fd]

@@ -63,8 +63,7 @@ SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
 _OFFER = struct.Struct("<IQ")
 
 # the other member's word may say "done" while its loads are still under way only where stores
-# may pass earlier loads; x86 never lets them
-_ORDERED = STORES_IN_ORDER
+# may pass earlier loads (STORES_IN_ORDER: x86 never lets them)
 # offers from this size wait for the word (smaller ones stay in the caches either way), at most
 # as long as the other member's reduction of them takes at this rate, and never longer than
 # _WAIT_MAX seconds
@@ -203,7 +202,7 @@ class HandOver:
         done with it (a caller that waits for its op anyway waits briefly for that, from
         :data:`_WAIT_MIN_BYTES`), else the other."""
         last = ms.slot ^ 1
-        words = self.executor.exchange_words(ms.comm) if _ORDERED and ms.offered else None
+        words = self.executor.exchange_words(ms.comm) if STORES_IN_ORDER and ms.offered else None
         if words is None:
             return ms.slot
         theirs = words[1 - ms.comm.rank]

@@ -45,10 +45,9 @@ log = logging.getLogger(__name__)
 # pid, descriptor number, bytes, the token at its start, and whether the member's pairs to
 # every other member read single-copy both ways
 _HELLO = struct.Struct("<qqq16s?")
-MAILBOX = 64 << 10  # bytes of each of a part's two mailboxes (Arena.mailboxes)
-# each part's own head before what callers lay out: a page with the token, then the words;
-# then the two mailboxes
-HEAD = 4096 + 2 * MAILBOX
+_PAGE = 4096  # the head's first page: the token, then the words
+MAILBOX = 64 << 10  # bytes of each of a part's two mailboxes (Arena.mailboxes), after the page
+HEAD = _PAGE + 2 * MAILBOX  # each part's own head, before what callers lay out
 _WORDS = 64  # the words' byte offset in the head (a cache line of their own)
 WORDS = 8  # int64 words per part (Arena.words)
 _OK, _NO = b"\x01", b"\x00"
@@ -73,7 +72,7 @@ class Arena:
         whole = [np.frombuffer(m, dtype=np.uint8) for m in maps]
         self._words = [w[_WORDS : _WORDS + 8 * WORDS].view(np.int64) for w in whole]
         self._bytes = [w[HEAD:] for w in whole]
-        self._boxes = [[w[4096 + k * MAILBOX : 4096 + (k + 1) * MAILBOX] for w in whole]
+        self._boxes = [[w[_PAGE + k * MAILBOX : _PAGE + (k + 1) * MAILBOX] for w in whole]
                        for k in (0, 1)]  # fmt: skip
         self._base = int(self._bytes[rank].ctypes.data)
 

@@ -24,11 +24,10 @@ import numpy as np
 
 _waiting = threading.local()
 
-# wait_words polls this long, yielding the core between polls; then naps between polls, from
-# _NAP_MIN to _NAP_MAX seconds (doubling), and asks after the members still awaited every
-# _CHECK_S seconds
+# wait_words polls this long, yielding the core between polls; then naps between polls (nap,
+# at most _NAP_MAX seconds), and asks after the members still awaited every _CHECK_S seconds
 _POLL_S = 2e-3
-_NAP_MIN, _NAP_MAX = 20e-6, 1e-3
+NAP_MIN, _NAP_MAX = 20e-6, 1e-3
 _CHECK_S = 0.1
 
 
@@ -83,8 +82,15 @@ def wait_words(words: Sequence[np.ndarray], index: int, at_least: int, members: 
             for j in pending:
                 check(j)
             next_check = now + _CHECK_S
-        nap = min(max(2 * nap, _NAP_MIN), _NAP_MAX)
-        time.sleep(nap)
+        nap = sleep_nap(nap, _NAP_MAX)
+
+
+def sleep_nap(last: float, most: float) -> float:
+    """Sleep the nap after one of ``last`` seconds (0: the first) between two polls: twice as
+    long, from :data:`NAP_MIN` up to ``most``; returns it."""
+    nap = min(max(2 * last, NAP_MIN), most)
+    time.sleep(nap)
+    return nap
 
 
 def peer_closed(fd: int) -> bool:
