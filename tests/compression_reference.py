@@ -41,3 +41,12 @@ def topk_step(grads: list[np.ndarray], errors: list[np.ndarray],
         left[keep] = 0
         new_errors.append(left.reshape(g.shape))
     return (total / len(grads)).astype(np.float32).reshape(grads[0].shape), new_errors
+
+
+def assert_powersgd_state_restored(now: dict, committed: dict) -> None:
+    """A PowerSGD compressor's ``state_dict()`` after a restore holds the committed one's
+    factors (``shared``: ``q``) and error memory (``local``: ``error``), bit for bit."""
+    for name, slot in committed["local"].items():
+        np.testing.assert_array_equal(now["local"][name]["error"], slot["error"])
+    for name, slot in committed["shared"].items():
+        np.testing.assert_array_equal(now["shared"][name]["q"], slot["q"])
