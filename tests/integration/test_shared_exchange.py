@@ -176,14 +176,16 @@ def _slow_reader(rank: int, steps: int) -> dict[str, object]:
     from hora.core.executor import Executor
 
     hvd.init()
-    if rank == 1:  # every third hand-over, rank 1 reads rank 0's slot late
+    if rank == 1:  # every third hand-over, rank 1 reads rank 0's slot late: 25 ms, far
+        # longer than rank 0's step and its wait for the word (at most 2 ms), even on a loaded
+        # machine (at 4 ms, a busy CI machine saw half the late reads over before rank 0 looked)
         finish = Executor.finish_exchange
         calls = [0]
 
         def late(self: Executor, *args: object, **kw: object) -> object:
             calls[0] += 1
             if calls[0] % 3 == 0:
-                time.sleep(0.004)
+                time.sleep(0.025)
             return finish(self, *args, **kw)
 
         Executor.finish_exchange = late  # type: ignore[method-assign]
