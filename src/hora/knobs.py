@@ -95,6 +95,18 @@ KNOBS: tuple[Knob, ...] = (
         None,
     ),
     Knob(
+        "compress_on_one_host",
+        bool,
+        False,
+        "COMPRESS_ON_ONE_HOST",
+        "Cast gradients for Compression.fp16 and .bf16 in a job whose ranks all share one host "
+        "too. Off (default): there tensors go uncompressed through shared memory, where the "
+        "casts cost more than the halved copies save.",
+        None,
+        None,
+        None,
+    ),
+    Knob(
         "local_sets",
         bool,
         True,

@@ -196,6 +196,7 @@ class Settings:
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
     fast_path: bool = True
+    compress_on_one_host: bool = False
     local_sets: bool = True
     hierarchical_allreduce: bool = False
     hierarchical_allgather: bool = False

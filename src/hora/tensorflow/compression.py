@@ -41,6 +41,8 @@ class NoneCompressor(Compressor):
 
 class _CastCompressor(Compressor):
     wire: tf.DType = tf.float16
+    # bytes that stay on one host go uncompressed (hora.frameworks.ops.compression_for)
+    on_one_host = False
 
     @classmethod
     def compress(cls, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:

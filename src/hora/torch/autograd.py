@@ -23,7 +23,7 @@ from torch.autograd import Function
 
 import hora
 from hora import global_process_set
-from hora.frameworks.ops import Average, Sum
+from hora.frameworks.ops import Average, Sum, compression_for
 from hora.torch.async_ops import (
     ProcessSet,
     allgather_async,
@@ -255,6 +255,7 @@ def allreduce(
 ) -> torch.Tensor:
     """Reduce ``tensor`` over the set (default op Average); a new tensor, differentiable."""
     op = reduce_op(average, op)
+    compression = compression_for(compression, Compression.none)
     sent, ctx = compression.compress(tensor)
     out = _allreduce_apply(
         sent, None, name, op, prescale_factor, postscale_factor, process_set, priority
@@ -274,6 +275,7 @@ def grouped_allreduce(
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors as one unit; new tensors, differentiable."""
     op = reduce_op(average, op)
+    compression = compression_for(compression, Compression.none)
     sent, ctxs = zip(*(compression.compress(t) for t in tensors)) if tensors else ((), ())
     outs = HorovodGroupedAllreduce.apply(
         None, name, op, prescale_factor, postscale_factor, process_set, *sent
@@ -328,6 +330,7 @@ def reducescatter(
     postscale_factor: float = 1.0,
 ) -> torch.Tensor:
     """Reduce ``tensor`` and keep this rank's block of dim 0; differentiable."""
+    compression = compression_for(compression, Compression.none)
     sent, ctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(sent, name, op, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
@@ -342,6 +345,7 @@ def grouped_reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> list[torch.Tensor]:
+    compression = compression_for(compression, Compression.none)
     sent, ctxs = zip(*(compression.compress(t) for t in tensors)) if tensors else ((), ())
     outs = HorovodGroupedReducescatter.apply(
         name, op, process_set, prescale_factor, postscale_factor, *sent

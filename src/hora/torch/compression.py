@@ -52,6 +52,8 @@ class _CastCompressor(Compressor):
     # decompress() is only a cast back to the tensor's dtype: DistributedOptimizer makes it as
     # it copies the result into the gradient, instead of into a new tensor first
     casts_back = True
+    # bytes that stay on one host go uncompressed (hora.frameworks.ops.compression_for)
+    on_one_host = False
 
     @classmethod
     def compress(cls, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:

@@ -30,7 +30,7 @@ import torch
 
 from hora import global_process_set
 from hora.frameworks.grad_compression import GradientCompressor
-from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum
+from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum, compression_for
 from hora.torch.compression import Compression, Compressor
 from hora.torch.grad_compression import compressed_step
 from hora.torch.mpi_ops import (
@@ -66,13 +66,14 @@ class _Flight:
     """One reduction in progress: a (grouped) in-place allreduce of some parameters' tensors."""
 
     def __init__(
-        self, handle: Any, params: list[torch.Tensor], sent: list[torch.Tensor], ctxs: list[Any]
-    ) -> None:
-        self.handle, self.params, self.sent, self.ctxs = handle, params, sent, ctxs
+        self, handle: Any, params: list[torch.Tensor], sent: list[torch.Tensor], ctxs: list[Any],
+        comp: Any,
+    ) -> None:  # fmt: skip
+        self.handle, self.params, self.sent, self.ctxs, self.comp = handle, params, sent, ctxs, comp
 
     def finish(self, owner: _DistributedOptimizer) -> None:
         synchronize(self.handle)
-        comp = owner._compression
+        comp = self.comp
         for p, sent, ctx in zip(self.params, self.sent, self.ctxs):
             # a cast back to the gradient's dtype is made by _finish's copy, with no new tensor
             owner._finish(p, sent if getattr(comp, "casts_back", False) else
@@ -265,7 +266,8 @@ class _DistributedOptimizer(OptimizerWrapper):
             )
         else:
             tensors = [self._prepare(p) for p in params]
-            sent, ctxs = map(list, zip(*(self._compression.compress(t) for t in tensors)))
+            comp = compression_for(self._compression, Compression.none)
+            sent, ctxs = map(list, zip(*(comp.compress(t) for t in tensors)))
             prescale, postscale = 1.0, 1.0
             if self.op == Average:  # the core applies 1/size on top
                 prescale = 1.0 / self.gradient_predivide_factor
@@ -282,7 +284,7 @@ class _DistributedOptimizer(OptimizerWrapper):
             else:
                 name = f"{self._names[params[0]]}.group{self._group_of[params[0]]}"
                 handle = grouped_allreduce_async_(sent, name=name, **kw)
-            flight = _Flight(handle, params, sent, ctxs)
+            flight = _Flight(handle, params, sent, ctxs, comp)
         for p in params:
             self._handles[p] = flight
 
