@@ -25,16 +25,7 @@ import tensorflow as tf
 
 from hora import global_process_set
 from hora.frameworks import ops
-from hora.frameworks.ops import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    compression_for,
-    reduce_op,
-)
+from hora.frameworks.ops import Adasum, Average, Max, Min, Product, Sum, reduce_op
 from hora.tensorflow.adapter import aligned_empty, as_tensor, bridge, rows_unknown
 from hora.tensorflow.compression import Compression
 
@@ -296,7 +287,7 @@ def allreduce(
     t = as_tensor(tensor)
     if op == Adasum and not t.dtype.is_floating:
         raise TypeError(f"Adasum needs a floating-point tensor, got {t.dtype.name}")
-    compression = compression_for(compression, Compression.none)
+    compression = ops.compression_for(compression, Compression.none)
     compressed, ctx = compression.compress(t)
     out = _allreduce_diff(
         [compressed], name, op, prescale_factor, postscale_factor, process_set
@@ -329,7 +320,7 @@ def grouped_allreduce(
             for i, t in enumerate(tensors)
         ]  # fmt: skip
     ts = [as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    compression = compression_for(compression, Compression.none)
+    compression = ops.compression_for(compression, Compression.none)
     packed = [compression.compress(t) for t in ts]
     outs = _allreduce_diff(
         [c for c, _ in packed], name, op, prescale_factor, postscale_factor, process_set
@@ -451,7 +442,7 @@ def reducescatter(
     """Reduce ``tensor`` and keep this rank's block of dim 0 (the first ``N % size`` ranks get
     one row more)."""
     t = as_tensor(tensor)
-    compression = compression_for(compression, Compression.none)
+    compression = ops.compression_for(compression, Compression.none)
     compressed, ctx = compression.compress(t)
     out = _reducescatter_diff(
         [compressed], name, int(op), prescale_factor, postscale_factor, process_set
@@ -474,7 +465,7 @@ def grouped_reducescatter(
     if not tensors:
         raise ValueError("grouped_reducescatter needs at least one tensor")
     ts = [as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    compression = compression_for(compression, Compression.none)
+    compression = ops.compression_for(compression, Compression.none)
     packed = [compression.compress(t) for t in ts]
     outs = _reducescatter_diff(
         [c for c, _ in packed], name, int(op), prescale_factor, postscale_factor, process_set
