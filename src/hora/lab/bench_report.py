@@ -38,6 +38,10 @@ CSV_COLUMNS = [
     "update_s", "comm_share", "throughput", "speedup", "efficiency", "params", "grad_bytes",
     "wall_s",
 ]  # fmt: skip
+# added to the CSV and the lab's tables only when a configuration ran across namespace hosts
+# (--netns): what the hosts' links sent per step, warm-up and timed steps alike
+LINK_COLUMNS = ["link_bytes_per_step"]
+LINK_HEADER = "MB/step on the links"
 # added to the CSV and the lab's tables only when a configuration's GPUs were sampled
 GPU_COLUMNS = ["device", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_mem_max_mib", "gpu_samples",
                "gpu_sampled"]
@@ -87,12 +91,25 @@ def _gpu_samples(r: Row) -> str:
     return f"{n}" + (f" ({', '.join(notes)})" if notes else "")
 
 
+def _linked(rows: Sequence[Row]) -> bool:
+    """Whether any configuration of ``rows`` counted its hosts' link bytes (--netns)."""
+    return any("link_bytes_per_step" in r for r in rows)
+
+
+def _link_cell(r: Row) -> str:
+    sent = r.get("link_bytes_per_step")
+    return "-" if sent is None else f"{sent / 1e6:.2f}"
+
+
 def _lab_table(rows: Sequence[Row]) -> Table:
-    """The lab's headers and one line per row; GPU columns when a row was sampled."""
-    if not _sampled(rows):
-        return LAB_HEADERS, [_lab_row(r) for r in rows]
-    headers = [*LAB_HEADERS, "GPU util mean / max", "GPU util samples", "GPU memory max (MiB)"]
-    return headers, [_lab_row(r) + _gpu_cells(r) for r in rows]
+    """The lab's headers and one line per row; the links' bytes per step when a row counted
+    them, GPU columns when a row was sampled."""
+    linked, sampled = _linked(rows), _sampled(rows)
+    headers = [*LAB_HEADERS, *([LINK_HEADER] if linked else []), *(
+        ["GPU util mean / max", "GPU util samples", "GPU memory max (MiB)"] if sampled else [])]
+    body = [_lab_row(r) + ([_link_cell(r)] if linked else []) + (_gpu_cells(r) if sampled else [])
+            for r in rows]  # fmt: skip
+    return headers, body
 
 
 def _backend(r: Row) -> str:
@@ -226,6 +243,9 @@ def _notes(result: ScalingResult) -> list[str]:
             "was slowed by other work on the machine (see the load average); rerun with "
             "--repeat 3 or on a quiet machine"
         )
+    if _linked(result.rows):
+        lines.append(f"{LINK_HEADER}: what the namespace hosts' links sent, averaged over the "
+                     "warm-up and timed steps (the start's broadcast of the parameters included)")
     if not any(r["servers"] > 1 for r in result.rows):
         lines.append("no run across servers: give -H host1:N,host2:N or --hostfile for that table")
     return lines
@@ -283,7 +303,8 @@ def render_markdown(result: ScalingResult) -> str:
 
 def to_csv(rows: Sequence[Row]) -> str:
     buf = io.StringIO()
-    columns = CSV_COLUMNS + (GPU_COLUMNS if _sampled(rows) else [])
+    columns = (CSV_COLUMNS + (LINK_COLUMNS if _linked(rows) else [])
+               + (GPU_COLUMNS if _sampled(rows) else []))  # fmt: skip
     writer = csv.DictWriter(buf, columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for r in derive(rows):

@@ -126,6 +126,24 @@ def test_inter_table_groups_by_processes_per_server_from_one_server_up() -> None
     assert br.inter_table(ROWS, "lstm")[1] == []
 
 
+def test_the_links_bytes_per_step_show_where_a_run_counted_them() -> None:
+    """A --netns run counts what its hosts' links sent: a column of the lab's tables and the
+    CSV, with a note on what it averages; runs without the count have neither."""
+    assert br.LINK_HEADER not in br.inter_table(ROWS, "cnn")[0]
+    assert "link_bytes_per_step" not in br.to_csv(ROWS).splitlines()[0]
+    linked = [_row("mlp", "native", 2, 2, 0.2, link_bytes_per_step=27_850_000.0),
+              _row("mlp", "native+fp16", 2, 2, 0.15, link_bytes_per_step=14_400_000.0),
+              _row("mlp", "native", 1, 2, 0.1)]  # fmt: skip
+    headers, body = br.inter_table(linked, "mlp", ["native", "native+fp16"])
+    at = headers.index(br.LINK_HEADER)
+    assert [(r[0], r[1], r[at]) for r in body] == [
+        ("native", "1", "-"), ("native", "2", "27.85"), ("native+fp16", "2", "14.40")]
+    csv_rows = br.to_csv(linked).splitlines()
+    assert csv_rows[0].endswith(",link_bytes_per_step") and csv_rows[1].endswith(",27850000.0")
+    text = br.render_text(_result(linked))
+    assert "MB/step on the links: what the namespace hosts' links sent" in text
+
+
 def test_model_table_compares_models_at_their_largest_process_count() -> None:
     headers, body = br.model_table(ROWS, ["native", "gloo"])
     assert headers[0] == "model" and "comm wait share" in headers
