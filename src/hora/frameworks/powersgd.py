@@ -32,6 +32,18 @@ from hora.core.process_sets import ProcessSet
 from hora.frameworks import ops
 from hora.frameworks.grad_compression import COMPRESSIBLE, GradientCompressor
 
+# a pass over a matrix goes this many bytes of rows at a time, so that its next operation
+# reads them from the caches: adding the error memory and multiplying by Q, one pass instead of
+# two; making the rows of P Q^T and writing them into the error memory and the gradient, one
+# instead of three. The MLP's 1024 x 3072 gradient, one thread: 4.2 -> 3.6 ms and 7.6 -> 4.5 ms.
+CHUNK_BYTES = 768 << 10
+
+
+def row_chunks(n: int, m: int, itemsize: int) -> list[slice]:
+    """The rows of an ``n x m`` matrix, cut into slices of about :data:`CHUNK_BYTES`."""
+    rows = max(1, CHUNK_BYTES // max(1, m * itemsize))
+    return [slice(a, min(a + rows, n)) for a in range(0, n, rows)]
+
 
 def orthonormalize(p: np.ndarray) -> np.ndarray:
     """``p``'s columns made orthonormal (the Q of a reduced QR factorisation), in place."""
@@ -79,19 +91,26 @@ class PowerSGD(GradientCompressor):
             r = min(self.rank, n, m)
             mat = g.reshape(n, m)  # a view: the result is written into the gradient
             err = self._memory(name, "error", mat)
-            mat += err  # error feedback: what earlier steps did not send
             q = self._factor(name, m, r, mat.dtype)
+            p = np.empty((n, r), mat.dtype)
+            for c in row_chunks(n, m, mat.itemsize):
+                np.add(mat[c], err[c], out=mat[c])  # error feedback: what was not sent yet
+                np.matmul(mat[c], q, out=p[c])
             mats.append(mat)
             errs.append(err)
             qs.append(q)
-            ps_.append(mat @ q)
+            ps_.append(p)
         ops.grouped_allreduce(ps_, outputs=ps_, op=AVERAGE, process_set=ps, name="hora.powersgd.p")
         for p, mat, q in zip(ps_, mats, qs):
             orthonormalize(p)
-            np.matmul(mat.T, p, out=q)
+            # Q^T = P^T M reads M's rows in order: 1.7 ms where M^T P took 5.0 (1024 x 3072)
+            q[...] = np.matmul(p.T, mat).T
         ops.grouped_allreduce(qs, outputs=qs, op=AVERAGE, process_set=ps, name="hora.powersgd.q")
         for p, mat, q, err in zip(ps_, mats, qs, errs):
-            approx = p @ q.T
-            np.subtract(mat, approx, out=err)
-            mat[...] = approx
+            chunks = row_chunks(*mat.shape, mat.itemsize)
+            rows = np.empty((chunks[0].stop, mat.shape[1]), mat.dtype)
+            for c in chunks:  # the rows of P Q^T: the average, and what it leaves out
+                approx = np.matmul(p[c], q.T, out=rows[: c.stop - c.start])
+                np.subtract(mat[c], approx, out=err[c])
+                mat[c] = approx
         self.bytes_sent += sum(p.nbytes + q.nbytes for p, q in zip(ps_, qs))
