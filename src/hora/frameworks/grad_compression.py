@@ -80,12 +80,17 @@ class GradientCompressor:
         if self.step >= self.start_iter:
             compressed = {n: g for n, g in grads.items() if self.compresses(g)}
         exact = [g for n, g in grads.items() if n not in compressed and g.size]
+        # the exact ones go first and are waited for last: their round runs in the engine
+        # while this thread compresses the others
+        handle = None
         if exact:
-            ops.grouped_allreduce(exact, outputs=exact, op=AVERAGE, process_set=ps,
-                                  name=f"hora.{self.kind}.exact")  # fmt: skip
+            handle = ops.grouped_allreduce_async(exact, outputs=exact, op=AVERAGE,
+                                                 process_set=ps, name=f"hora.{self.kind}.exact")
             self.bytes_sent += sum(g.nbytes for g in exact)
         if compressed:
             self._reduce_compressed(compressed, ps)
+        if handle is not None:
+            ops.synchronize(handle)
         self.step += 1
 
     # -- state ------------------------------------------------------------------------------
