@@ -21,12 +21,32 @@ from hora.core.process_sets import ProcessSet
 from hora.frameworks import ops
 from hora.frameworks.grad_compression import COMPRESSIBLE, GradientCompressor
 
+# top_indices first keeps the entries at or above a threshold read off a sample of about this
+# many (strided) magnitudes, where the whole is at least _SAMPLED_FROM times larger, and then
+# selects among those: a comparison pass instead of a selection over every entry (3.2 million
+# float32 entries, k = 1%: 22.8 ms for the selection over all of them)
+_SAMPLE = 1 << 14
+_SAMPLED_FROM = 16
+
 
 def top_indices(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the ``k`` entries of ``values`` (1-D) of largest magnitude, ascending."""
-    if k >= values.size:
-        return np.arange(values.size)
-    return np.sort(np.argpartition(np.abs(values), values.size - k)[values.size - k :])
+    """Indices of the ``k`` entries of ``values`` (1-D) of largest magnitude, ascending (ties
+    at the k-th magnitude broken arbitrarily; NaNs count as the largest)."""
+    n = values.size
+    if k >= n:
+        return np.arange(n)
+    mags = np.abs(values)
+    if n >= _SAMPLED_FROM * _SAMPLE and not np.isnan(mags.max()):
+        sample = mags[:: n // _SAMPLE].copy()
+        # a threshold about twice as many entries pass as k, from the sample's order statistic
+        above = min(sample.size, 2 * k * sample.size // n + 8)
+        at = sample.size - above
+        threshold = np.partition(sample, at)[at]
+        kept = np.flatnonzero(mags >= threshold)
+        if kept.size >= k:  # the k largest are all among them
+            pick = np.argpartition(mags[kept], kept.size - k)[kept.size - k :]
+            return np.sort(kept[pick])
+    return np.sort(np.argpartition(mags, n - k)[n - k :])
 
 
 class TopK(GradientCompressor):
@@ -66,10 +86,15 @@ class TopK(GradientCompressor):
         idx, vals = np.concatenate(idx_parts), np.concatenate(val_parts)
         all_idx, all_vals = ops.grouped_allgather([idx, vals], process_set=ps,
                                                   name="hora.topk.sent")  # fmt: skip
-        summed = np.bincount(all_idx, weights=all_vals, minlength=total)  # float64, in rank order
+        # the entries some rank sent, each summed in float64 in rank order (the same bits
+        # everywhere), then averaged; every other entry of the average is zero
+        sent, slot = np.unique(all_idx, return_inverse=True)
+        summed = np.bincount(slot, weights=all_vals, minlength=sent.size)
         summed = np.divide(summed, ps.size(), dtype=np.float64)
         at = 0
         for flat in flats:
-            np.copyto(flat, summed[at : at + flat.size], casting="same_kind")
+            lo, hi = np.searchsorted(sent, (at, at + flat.size))
+            flat.fill(0)
+            flat[sent[lo:hi] - at] = summed[lo:hi]
             at += flat.size
         self.bytes_sent += idx.nbytes + vals.nbytes

@@ -11,6 +11,7 @@ import pytest
 
 import hora
 from compression_reference import powersgd_step, topk_step
+from hora.frameworks import topk
 from hora.frameworks.powersgd import PowerSGD
 from hora.frameworks.topk import TopK
 
@@ -80,6 +81,38 @@ def test_topk_sends_the_largest_and_carries_the_rest() -> None:
             # nothing is lost: what was sent and what is carried make up gradient + memory
             sent_and_kept = grads[n].reshape(-1) + c.local[n]["error"]
             np.testing.assert_allclose(sent_and_kept, (before[n] + err).reshape(-1), atol=1e-6)
+
+
+def _exact_top(values: np.ndarray, k: int) -> np.ndarray:
+    return np.argpartition(np.abs(values), values.size - k)[values.size - k :]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape", ["normal", "heavy", "ties", "sampled-high", "nan"])
+def test_top_indices_of_a_large_gradient_are_the_k_largest(shape: str) -> None:
+    """Past the sampled threshold's size, the entries chosen have the magnitudes of the k
+    largest (ties at the k-th magnitude may pick other indices), ascending. Where the threshold
+    lets too few through (the largest entries exactly where the sample looks), and with a NaN,
+    the selection over every entry decides."""
+    rng = np.random.default_rng(7)
+    n = topk._SAMPLED_FROM * topk._SAMPLE + 12345
+    step = n // topk._SAMPLE
+    values = {
+        "normal": lambda: rng.standard_normal(n),
+        "heavy": lambda: rng.standard_cauchy(n),
+        "ties": lambda: np.repeat(rng.integers(-50, 50, n // 16 + 1), 16)[:n],
+        "sampled-high": lambda: np.where(np.arange(n) % step == 0, 1e6, rng.standard_normal(n)),
+        "nan": lambda: rng.standard_normal(n),
+    }[shape]().astype(np.float32)
+    if shape == "nan":
+        values[4321] = np.nan
+    for k in (1, n // 1000, n // 100, n // 4):
+        got = topk.top_indices(values, k)
+        assert got.size == k and np.all(np.diff(got) > 0)
+        want = _exact_top(values, k)
+        np.testing.assert_array_equal(np.sort(np.abs(values[got])), np.sort(np.abs(values[want])))
+        if shape == "nan":
+            assert 4321 in got
 
 
 @pytest.mark.timeout(60)
