@@ -54,6 +54,7 @@ def reduce_op(average: bool | None, op: int | None) -> int:
         return Average if average else Sum
     return Average if op is None else int(op)
 
+
 def compression_for(compression: Any, none: Any) -> Any:
     """The compressor a reduction uses: ``compression``, or ``none`` (the binding's
     ``Compression.none``) where casting cannot pay. A cast compressor (``on_one_host = False``:

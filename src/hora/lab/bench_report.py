@@ -96,7 +96,8 @@ def _linked(rows: Sequence[Row]) -> bool:
     return any("link_bytes_per_step" in r for r in rows)
 
 
-def _link_cell(r: Row) -> str:
+def link_cell(r: Row) -> str:
+    """A row's link bytes per step in MB (``-`` where it did not count them)."""
     sent = r.get("link_bytes_per_step")
     return "-" if sent is None else f"{sent / 1e6:.2f}"
 
@@ -107,7 +108,7 @@ def _lab_table(rows: Sequence[Row]) -> Table:
     linked, sampled = _linked(rows), _sampled(rows)
     headers = [*LAB_HEADERS, *([LINK_HEADER] if linked else []), *(
         ["GPU util mean / max", "GPU util samples", "GPU memory max (MiB)"] if sampled else [])]
-    body = [_lab_row(r) + ([_link_cell(r)] if linked else []) + (_gpu_cells(r) if sampled else [])
+    body = [_lab_row(r) + ([link_cell(r)] if linked else []) + (_gpu_cells(r) if sampled else [])
             for r in rows]  # fmt: skip
     return headers, body
 

@@ -380,7 +380,7 @@ def _done_line(row: Row, base: float | None) -> str:
         f"{row['model']} {row['backend']} {row['servers']}x{row['per_server']}: "
         f"{row['step_mean_s'] * 1e3:.1f} ± {row['step_std_s'] * 1e3:.1f} ms/step, "
         f"{row['throughput']:.1f} samples/s{speedup}, comm wait {_share(row['comm_share'])}"
-        + gpus + (f", {row['link_bytes_per_step'] / 1e6:.2f} MB/step on the links"
+        + gpus + (f", {bench_report.link_cell(row)} {bench_report.LINK_HEADER}"
                   if "link_bytes_per_step" in row else "")
     )
 
