@@ -2,7 +2,8 @@
 # The test command: installs hora with every extra (`scripts/install.sh --all`, into the
 # project's virtual environment .venv unless one is active or PYTHON is set: scripts/venv.sh),
 # checks style, then runs every test that can run on this machine (GPU and multi-host tests skip
-# with their reason where they cannot), the quick unit tests first, one line per test file.
+# with their reason where they cannot), on two pytest workers (pytest-xdist; HORA_TEST_WORKERS
+# sets how many, 1 runs them in this process one after another).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv.sh
@@ -13,7 +14,13 @@ hora_venv_note
 PY=$HORA_PY
 hora_do "$PY" -m ruff check src tests examples
 hora_do "$PY" -m mypy
-hora_log "running the tests: unit tests first, then the conformance suite, then the integration" \
-  "tests (launcher, faults, TensorFlow, Spark, Ray, several hosts); one line per test file, about" \
-  "35 minutes on two idle cores"
-hora_do "$PY" -m pytest -rs "$@"
+# Most tests start ranks that wait on each other part of the time, so two workers keep two cores
+# busy where one kept 1.1; a test file goes to one worker whole unless tests/conftest.py spreads
+# it (SPREAD), so a module's shared Spark session or Ray cluster is made once.
+WORKERS=${HORA_TEST_WORKERS:-2}
+XDIST=()
+if [ "$WORKERS" -gt 1 ]; then XDIST=(-n "$WORKERS" --dist loadgroup); fi
+hora_log "running the tests on $WORKERS worker(s): unit tests, the conformance suite, then the" \
+  "integration tests (launcher, faults, TensorFlow, Spark, Ray, several hosts); about 25" \
+  "minutes on two idle cores"
+hora_do "$PY" -m pytest -rs ${XDIST[@]+"${XDIST[@]}"} "$@"
