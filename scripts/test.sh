@@ -15,11 +15,11 @@ PY=$HORA_PY
 hora_do "$PY" -m ruff check src tests examples
 hora_do "$PY" -m mypy
 # Most tests start ranks that wait on each other part of the time, so two workers keep two cores
-# busy where one kept 1.1; a test file goes to one worker whole unless tests/conftest.py spreads
-# it (SPREAD), so a module's shared Spark session or Ray cluster is made once.
+# busy where one kept 1.1; a test file goes to one worker whole, so a module's shared Spark
+# session or Ray cluster is made once (tests/conftest.py puts the longest file first).
 WORKERS=${HORA_TEST_WORKERS:-2}
 XDIST=()
-if [ "$WORKERS" -gt 1 ]; then XDIST=(-n "$WORKERS" --dist loadgroup); fi
+if [ "$WORKERS" -gt 1 ]; then XDIST=(-n "$WORKERS" --dist loadfile); fi
 hora_log "running the tests on $WORKERS worker(s): unit tests, the conformance suite, then the" \
   "integration tests (launcher, faults, TensorFlow, Spark, Ray, several hosts); about 25" \
   "minutes on two idle cores"

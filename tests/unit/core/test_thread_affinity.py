@@ -46,8 +46,10 @@ def _pinned(rank: int) -> dict[str, Any]:
 
     hora.init()
     try:
-        total = hora.allreduce(__import__("numpy").ones(4), op=hora.Sum)
+        # read before the allreduce: after it, the other rank may shut down first, which ends
+        # this rank's engine thread
         engine = sorted(os.sched_getaffinity(runtime().engine.thread_id))
+        total = hora.allreduce(__import__("numpy").ones(4), op=hora.Sum)
         return {"engine": engine, "main": sorted(os.sched_getaffinity(0)), "sum": float(total[0])}
     finally:
         hora.shutdown()
