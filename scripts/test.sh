@@ -16,7 +16,7 @@ hora_do "$PY" -m ruff check src tests examples
 hora_do "$PY" -m mypy
 # Most tests start ranks that wait on each other part of the time, so two workers keep two cores
 # busy where one kept 1.1; a test file goes to one worker whole, so a module's shared Spark
-# session or Ray cluster is made once (tests/conftest.py puts the longest file first).
+# session or Ray cluster is made once (pytest-xdist hands out the files with most tests first).
 WORKERS=${HORA_TEST_WORKERS:-2}
 XDIST=()
 if [ "$WORKERS" -gt 1 ]; then XDIST=(-n "$WORKERS" --dist loadfile); fi

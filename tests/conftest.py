@@ -24,15 +24,3 @@ def _hora_logger_restored() -> Iterator[None]:
     _HORA_LOGGER.propagate, _HORA_LOGGER.level = _PRISTINE[1], _PRISTINE[2]
     yield
 
-
-
-# With pytest-xdist (scripts/test.sh runs `-n 2 --dist loadfile`), each test file runs whole on
-# one worker, so that what its tests share (a module's Spark session, Ray cluster or one job
-# running many checks) is set up once. The longest file (about 5.5 minutes on two cores) goes
-# first, on one worker while the other takes the rest, rather than alone at the end.
-FIRST = "test_elastic_faults.py"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's collection, which the run follows
-        items.sort(key=lambda item: item.path.name != FIRST)  # stable: the rest keep their order
