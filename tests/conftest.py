@@ -23,4 +23,3 @@ def _hora_logger_restored() -> Iterator[None]:
     _HORA_LOGGER.handlers[:] = _PRISTINE[0]
     _HORA_LOGGER.propagate, _HORA_LOGGER.level = _PRISTINE[1], _PRISTINE[2]
     yield
-
