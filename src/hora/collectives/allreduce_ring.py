@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from hora.collectives.base import Comm, check_buffer, offsets_of, split_even
-from hora.collectives.reduce_ops import reducer
+from hora.collectives.reduce_ops import finishing, reducer, scale
 from hora.collectives.ring import ring_pass
 
 
@@ -24,13 +24,18 @@ def allreduce_ring(
     *,
     scratch: np.ndarray | None = None,
     segment_bytes: int | None = None,
+    post: float = 1.0,
 ) -> None:
-    """Reduce ``buf`` with ``op`` across the group, in place (every rank gets the result)."""
+    """Reduce ``buf`` with ``op`` across the group, in place (every rank gets the result),
+    scaled by ``post``: each block as its last reduction step makes it, before it is passed
+    on, so each rank scales ``1 / size`` of the buffer rather than all of it (the same bits)."""
     check_buffer(buf, dtype)
     reduce = reducer(op, dtype)
     n = comm.size
     if n == 1 or buf.size == 0:
+        scale(buf, dtype, post)
         return
+    last, post = finishing(op, dtype, post)
     bounds = offsets_of(split_even(buf.size, n))
     ring_pass(
         comm,
@@ -42,4 +47,6 @@ def allreduce_ring(
         reduce=reduce,
         scratch=scratch,
         segment_bytes=segment_bytes,
+        last_reduce=last,
     )
+    scale(buf, dtype, post)  # what the last step could not scale (integers)

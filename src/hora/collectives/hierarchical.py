@@ -162,18 +162,18 @@ def allreduce(
         buf, out = out, None
     res = buf if out is None else out
     if comm.size == 1 or buf.size == 0:
-        pass
+        scale(res, dtype, post)
     elif layout is not None and layout.multi_host and (
             hierarchical or (large and layout.max_local > 1)):  # fmt: skip
         _note(layout, "allreduce", "hierarchical" if hierarchical else "hierarchical (auto)")
-        allreduce_hierarchical(comm, buf, dtype, op, layout, scratch=scratch)
+        allreduce_hierarchical(comm, buf, dtype, op, layout, scratch=scratch, post=post)
     elif direct and layout is not None:
         _note(layout, "allreduce", "direct over shared memory")
         reduce, post = reducer_scaled(comm.size, op, dtype, post)
         allreduce_direct(comm, buf, reduce, scratch=scratch, out=out)
+        scale(res, dtype, post)
     else:
-        registry.allreduce(comm, buf, dtype, op, scratch=scratch)
-    scale(res, dtype, post)
+        registry.allreduce(comm, buf, dtype, op, scratch=scratch, post=post)
 
 
 def allgatherv(
@@ -381,9 +381,11 @@ def allreduce_hierarchical(
     layout: HostLayout,
     *,
     scratch: np.ndarray | None = None,
+    post: float = 1.0,
 ) -> None:
     """Reduce-scatter inside each host, allreduce each block across the hosts, allgather
-    inside each host.
+    inside each host. The result is scaled by ``post`` in the allreduce across the hosts,
+    before the allgather: each rank scales its part, not the whole buffer.
 
     Where every host holds as many of the group's ranks (``L``), the ranks at the same place
     on every host allreduce the block they hold (:attr:`HostLayout.column`): each rank sends
@@ -401,12 +403,14 @@ def allreduce_hierarchical(
     column = layout.column
     if column is not None:
         across = SubComm(comm, column)
-        registry.allreduce(across, _flat(blocks[local.rank], buf), dtype, op, scratch=scratch)
+        registry.allreduce(across, _flat(blocks[local.rank], buf), dtype, op, scratch=scratch,
+                           post=post)  # fmt: skip
     else:
         if local.rank == 0:
             for j in range(1, local.size):
                 _recv(local.pair(j), blocks[j], None)
-            registry.allreduce(SubComm(comm, layout.leaders), buf, dtype, op, scratch=scratch)
+            registry.allreduce(SubComm(comm, layout.leaders), buf, dtype, op, scratch=scratch,
+                               post=post)  # fmt: skip
             _wait([_isend(local.pair(j), blocks[j]) for j in range(1, local.size)])
         else:
             _wait([_isend(local.pair(0), blocks[local.rank])])

@@ -177,8 +177,18 @@ def reducer_scaled(size: int, op: int, dtype: str, post: float) -> tuple[Reducer
     result is made in one reduction, which then scales it while in cache (:func:`scaled`, 1.0
     left); else the plain reducer, and ``post``. 16-bit floats are scaled in the reduction's
     float32 pieces, each result rounded before and after (the bits of :func:`scale` apart)."""
+    if size != 2:
+        return reducer(op, dtype), post
+    return finishing(op, dtype, post)
+
+
+def finishing(op: int, dtype: str, post: float) -> tuple[Reducer, float]:
+    """The reducer for the call that makes each element's final value (the last reduction
+    step of a ring, or the one reduction between two members), scaling its results by
+    ``post`` while in cache, and the factor left to :func:`scale` after it (1.0, or ``post``
+    where it cannot: integers and bool). The bits of :func:`scale` over the result apart."""
     red = reducer(op, dtype)
-    if size != 2 or post == 1.0:
+    if post == 1.0:
         return red, post
     key = (op, dtype, post)
     once = _SCALED.get(key)

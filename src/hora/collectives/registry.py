@@ -43,8 +43,10 @@ def allreduce(
     *,
     small_threshold: int = SMALL_THRESHOLD,
     scratch: np.ndarray | None = None,
+    post: float = 1.0,
 ) -> None:
-    """Reduce ``buf`` (storage dtype, 1-D, contiguous) with ``op`` across the group, in place.
+    """Reduce ``buf`` (storage dtype, 1-D, contiguous) with ``op`` across the group, in place,
+    and scale the result by ``post`` (the ring scales each block as it completes it).
 
     ``op`` is an element-wise op (AVERAGE reduces as SUM); Adasum has its own :func:`adasum`.
     ``scratch`` (optional, C-contiguous, any dtype) is reused when large enough; one of
@@ -52,12 +54,12 @@ def allreduce(
     """
     check_buffer(buf, dtype)
     reducer(op, dtype)  # validates op and dtype on every path, also at size 1
-    if comm.size == 1 or buf.size == 0:
+    if comm.size > 1 and buf.size > 0 and buf.nbytes > small_threshold:
+        allreduce_ring(comm, buf, dtype, op, scratch=scratch, post=post)
         return
-    if buf.nbytes <= small_threshold:
+    if comm.size > 1 and buf.size > 0:
         allreduce_recursive_doubling(comm, buf, dtype, op, scratch=scratch)
-    else:
-        allreduce_ring(comm, buf, dtype, op, scratch=scratch)
+    scale(buf, dtype, post)
 
 
 __all__ = [

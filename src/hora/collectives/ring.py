@@ -67,8 +67,12 @@ def ring_pass(
     reduce: Reducer | None,
     scratch: np.ndarray | None = None,
     segment_bytes: int | None = None,
+    last_reduce: Reducer | None = None,
 ) -> None:
     """Run ``steps`` ring steps over ``buf`` cut at ``bounds`` (``size + 1`` offsets).
+
+    ``last_reduce``, if given, reduces instead of ``reduce`` in the last reducing step, which
+    makes each element of a block its final value (an allreduce's result scaled there).
 
     ``segment_bytes`` defaults to :func:`segment_size` of the largest block (the same on every
     rank). ``scratch`` (optional, C-contiguous, any dtype) holds incoming segments when it has
@@ -80,20 +84,23 @@ def ring_pass(
         raise ValueError("a reducing ring pass needs a reducer")
     if n == 1 or steps == 0:
         return
+    last = reduce if last_reduce is None else last_reduce
     itemsize = buf.itemsize
     largest = max(bounds[b + 1] - bounds[b] for b in range(n))
     if segment_bytes is None:
         if largest * itemsize <= EAGER_BYTES:
-            _eager_pass(comm, buf, bounds, start, steps, reduce_steps, reduce, scratch, largest)
+            _eager_pass(comm, buf, bounds, start, steps, reduce_steps, (reduce, last), scratch,
+                        largest)  # fmt: skip
             return
         segment_bytes = segment_size(largest * itemsize)
     seg_elems = max(1, segment_bytes // itemsize)
     blocks = [segments(bounds, b, seg_elems) for b in range(n)]
     units = [
-        (t < reduce_steps, lo, hi, t + 1 < steps)
+        (reduce if t + 1 < reduce_steps else last if t < reduce_steps else None, lo, hi,
+         t + 1 < steps)
         for t in range(steps)
         for lo, hi in blocks[(start - t - 1) % n]
-    ]
+    ]  # fmt: skip
     raw = as_bytes(buf)
     right = comm.pair((rank + 1) % n)
     left = comm.pair((rank - 1) % n)
@@ -114,7 +121,7 @@ def ring_pass(
 
     def post(i: int) -> None:
         reducing, lo, hi, _ = units[i]
-        if reducing:
+        if reducing is not None:
             posted.append(left.irecv(as_bytes(slots[i % DEPTH][: hi - lo])))
         else:
             posted.append(left.irecv(region(lo, hi)))
@@ -123,8 +130,8 @@ def ring_pass(
         post(i)
     for i, (reducing, lo, hi, forward) in enumerate(units):
         posted.popleft().wait()
-        if reducing and reduce is not None:
-            reduce(buf[lo:hi], slots[i % DEPTH][: hi - lo])
+        if reducing is not None:
+            reducing(buf[lo:hi], slots[i % DEPTH][: hi - lo])
         if forward:
             sends.append(right.isend(region(lo, hi)))
         if i + DEPTH < len(units):
@@ -140,11 +147,12 @@ def _eager_pass(
     start: int,
     steps: int,
     reduce_steps: int,
-    reduce: Reducer | None,
+    reducers: tuple[Reducer | None, Reducer | None],
     scratch: np.ndarray | None,
     largest: int,
 ) -> None:
-    """The same ring with small blocks: blocking send then receive, no background threads."""
+    """The same ring with small blocks: blocking send then receive, no background threads.
+    ``reducers``: the reducing steps' reducer, and the last one's."""
     n, rank = comm.size, comm.rank
     itemsize = buf.itemsize
     raw = as_bytes(buf)
@@ -163,7 +171,8 @@ def _eager_pass(
         lo, hi = bounds[block], bounds[block + 1]
         if hi == lo:
             continue
-        if t < reduce_steps and reduce is not None:
+        reduce = reducers[t + 1 == reduce_steps] if t < reduce_steps else None
+        if reduce is not None:
             incoming = tmp[: hi - lo]
             left.recv_into(as_bytes(incoming))
             reduce(buf[lo:hi], incoming)

@@ -4,7 +4,12 @@ hora reduces and scales 16-bit floats in float32 pieces (:mod:`hora.collectives.
 NumPy converts float16 an element at a time (3 to 7 ns); torch's CPU kernels use F16C/AVX (about
 0.2 ns), with the same bits: exact widening, narrowing to nearest even. Importing ``hora.torch``
 installs these, so that ``Compression.fp16``/``.bf16`` cost less arithmetic than they save
-bytes. Called from the engine thread (any thread may call them); thread-safe.
+bytes. A piece's sum, minimum, maximum, product or scaling is one of torch's 16-bit kernels,
+which widen, operate in float32 and round to nearest even in registers: the bits of the
+float32 pieces, in one pass instead of four. Pieces stay within torch's grain size
+(:data:`hora.collectives.half_floats.PIECE`), so its kernels run on the calling thread and
+start no thread pool beside the training's. Called from the engine thread (any thread may call
+them); thread-safe.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import torch
 from hora.collectives.half_floats import NumpyCasts, use_casts
 
 _TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+# NumPy's element-wise ops and torch's kernels of the same arithmetic
+_OPS = {np.add: torch.add, np.minimum: torch.minimum, np.maximum: torch.maximum,
+        np.multiply: torch.mul}  # fmt: skip
 
 
 class TorchCasts:
@@ -36,6 +44,20 @@ class TorchCasts:
             self._numpy.narrow(src, dst, dtype)
             return
         torch.from_numpy(dst).view(_TORCH[dtype]).copy_(torch.from_numpy(src))
+
+    def combine(self, ufunc: np.ufunc, acc: np.ndarray, incoming: np.ndarray, out: np.ndarray,
+                dtype: str) -> bool:  # fmt: skip
+        op = _OPS.get(ufunc)
+        if op is None or not (acc.flags.writeable and incoming.flags.writeable):
+            return False  # read-only memory: through the float32 pieces (widen's fallback)
+        t = _TORCH[dtype]
+        op(torch.from_numpy(acc).view(t), torch.from_numpy(incoming).view(t),
+           out=torch.from_numpy(out).view(t))  # fmt: skip
+        return True
+
+    def multiply(self, buf: np.ndarray, factor: np.float32, dtype: str) -> bool:
+        torch.from_numpy(buf).view(_TORCH[dtype]).mul_(float(factor))
+        return True
 
 
 use_casts(TorchCasts())

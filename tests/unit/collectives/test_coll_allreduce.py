@@ -9,10 +9,20 @@ import numpy as np
 import pytest
 from coll_helpers import run_ranks, to_storage
 
-from hora.collectives import registry
+from hora.collectives import allreduce_ring as allreduce_ring_module
+from hora.collectives import hierarchical, registry
 from hora.collectives.allreduce_recursive_doubling import reduce_like_doubling
 from hora.collectives.base import GroupComm
-from hora.collectives.reduce_ops import AVERAGE, MAX, MIN, PRODUCT, SUM, bf16_to_f32, reducer
+from hora.collectives.reduce_ops import (
+    AVERAGE,
+    MAX,
+    MIN,
+    PRODUCT,
+    SUM,
+    bf16_to_f32,
+    reducer,
+    scale,
+)
 from hora.dtypes import DTYPES, FLOATING
 from hora.transport.loopback import LoopbackTransport
 
@@ -199,3 +209,76 @@ def test_reduce_like_doubling_gives_the_exchanges_bits(size: int, dtype: str, op
         for x in inputs[1:]:
             reducer(op, dtype)(seq, x)
         assert not np.array_equal(seq, out)
+
+
+POST = 1 / 3  # an Average's factor that no dtype holds exactly: any second rounding shows
+
+
+def _scaled_apart(t: LoopbackTransport, buf: np.ndarray, dtype: str,
+                  run: Callable[..., None]) -> np.ndarray:  # fmt: skip
+    """``buf`` reduced by ``run`` (a Sum), then scaled by ``POST`` over the whole result."""
+    apart = buf.copy()
+    run(t, apart, dtype, SUM)
+    scale(apart, dtype, POST)
+    return apart
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32"])
+@pytest.mark.parametrize("count", [1001, (3 << 20) // 4 + 7])  # eager; several segments
+def test_ring_scales_each_block_as_its_last_step_makes_it(size: int, dtype: str,
+                                                          count: int) -> None:  # fmt: skip
+    """``post`` scales each block in the ring's last reducing step, before it travels on: the
+    bits of scaling the whole result afterwards, with each rank scaling only its block (a
+    float's whole-buffer ``scale`` is never called)."""
+    inputs = [np.random.default_rng(r).standard_normal(count) * 40 for r in range(size)]
+    calls: list[int] = []
+
+    def body(t: LoopbackTransport) -> tuple[np.ndarray, np.ndarray]:
+        buf = to_storage(inputs[t.rank], dtype)
+        apart = _scaled_apart(t, buf, dtype, registry.allreduce_ring)
+        registry.allreduce_ring(t, buf, dtype, SUM, post=POST)
+        return buf, apart
+
+    real_scale = allreduce_ring_module.scale
+
+    def counted(buf: np.ndarray, dtype_: str, factor: float) -> None:
+        if factor != 1.0:
+            calls.append(buf.size)
+        real_scale(buf, dtype_, factor)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(allreduce_ring_module, "scale", counted)
+        results = run_ranks(size, body)
+    for got, apart in results:
+        np.testing.assert_array_equal(got.view(np.uint8), apart.view(np.uint8))
+    np.testing.assert_array_equal(results[0][0], results[-1][0])
+    assert calls == ([count] * size if dtype == "int32" else []), calls  # integers: apart
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 0, 1]], ids=["columns", "leaders"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_hierarchical_allreduce_scales_across_the_hosts(hosts: list[int], dtype: str) -> None:
+    """The hierarchical allreduce's ``post`` is applied in the allreduce across the hosts:
+    the bits of scaling the whole result afterwards, on every rank."""
+    count = (1 << 20) + 5
+    inputs = [np.random.default_rng(r).standard_normal(count) * 40 for r in range(len(hosts))]
+
+    def body(t: LoopbackTransport) -> tuple[np.ndarray, np.ndarray]:
+        layout = hierarchical.HostLayout(tuple(hosts), t.rank)
+
+        def run(t: LoopbackTransport, buf: np.ndarray, dtype: str, op: int,
+                post: float = 1.0) -> None:  # fmt: skip
+            hierarchical.allreduce_hierarchical(t, buf, dtype, op, layout, post=post)
+
+        buf = to_storage(inputs[t.rank], dtype)
+        apart = _scaled_apart(t, buf, dtype, run)
+        run(t, buf, dtype, SUM, post=POST)
+        return buf, apart
+
+    results = run_ranks(len(hosts), body)
+    for got, apart in results:
+        np.testing.assert_array_equal(got.view(np.uint8), apart.view(np.uint8))
+        np.testing.assert_array_equal(got, results[0][0])

@@ -137,3 +137,34 @@ def test_empty_buffers_reduce_and_scale_to_nothing(dtype: str) -> None:
     hf.wide_reducer(np.add, dtype, 0.5)(acc, incoming)
     hf.scale_wide(acc, dtype, 2.0)
     assert acc.size == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dtype", hf.HALF_FLOATS)
+def test_torch_reduces_and_scales_a_piece_in_one_kernel(monkeypatch: pytest.MonkeyPatch,
+                                                        dtype: str) -> None:  # fmt: skip
+    """With torch's casts, a writable piece is summed and scaled by torch's 16-bit kernels,
+    never through the float32 pieces (whose widening would raise here); the bits are the
+    pieces' (the tests above run both ways)."""
+    c = torch_casts.TorchCasts()
+    before = hf.casts()
+    hf.use_casts(c)
+    try:
+        a, b = _storage(_values(3 * hf.PIECE, 6), dtype), _storage(_values(3 * hf.PIECE, 7), dtype)
+        want = _storage(_wide(a, dtype) + _wide(b, dtype), dtype)
+
+        def no_pieces(*args: object) -> None:
+            raise AssertionError("went through the float32 pieces")
+
+        monkeypatch.setattr(c, "widen", no_pieces)
+        monkeypatch.setattr(c, "narrow", no_pieces)
+        got = a.copy()
+        hf.wide_reducer(np.add, dtype)(got, b)
+        _same(got, want, dtype)
+        hf.scale_wide(got, dtype, 0.5)
+        _same(got, _storage(_wide(want, dtype) * np.float32(0.5), dtype), dtype)
+        hf.wide_reducer(np.add, dtype, 0.5)(a, b)
+        _same(a, got, dtype)
+    finally:
+        hf.use_casts(before)
+    assert not hf.NumpyCasts().combine(np.add, a, b, a, dtype)  # NumPy's: the pieces
