@@ -66,12 +66,17 @@ STAGED_SEGMENT_BYTES = 16 << 20
 # 7,167-7,591 img/s when one hand-over took them all against 6,207-6,789 with 8 MiB slots
 # (docs/benchmarks.md). So the slots take up to 14 MiB, and a 16 MiB allreduce runs here.
 SLOT_BYTES = 14 << 20
-# Large tensors, though, are reduced faster where they lie by the backend's single-copy round
-# than copied into a slot: a hand-over above SLOT_ALONE_BYTES goes through a slot only when its
-# tensors average under SLOT_TENSOR_BYTES. Alternating in one process, np=2, slot against
-# backend: one tensor 0.73-0.82 at 8 MiB, 0.95-1.01 at 9 MiB, 1.06-1.22 at 10 MiB and 1.18-1.49
-# at 12 MiB; 12 MiB in six tensors 0.85, in three 1.01-1.05, in two 1.14-1.16.
-SLOT_ALONE_BYTES = 8 << 20
+# Large tensors, though, are reduced faster where they lie by the backend than copied into a
+# slot: a hand-over above SLOT_ALONE_BYTES goes through a slot only when its tensors average
+# under SLOT_TENSOR_BYTES. Alternating in one process, np=2, slot against the backend's
+# single-copy round: 12 MiB in six tensors 0.85, in three 1.01-1.05, in two 1.14-1.16. Since a
+# single buffer up to MAPPED_MAX_BYTES goes through the arena, the backend is ahead from 4 MiB
+# for one tensor (the slot's copy-in and whole-buffer reduction, where each member reduces
+# half in the arena): blocking allreduces, np=2, six runs of each taking turns, medians in ms,
+# slot against backend: 2 MiB 0.37-0.54 / 0.46-0.54, 3 MiB 0.42-0.87 / 0.58-0.87, 4 MiB
+# 0.64-1.41 / 0.86-1.25 (backend ahead in five runs of six), 6 MiB 1.54-3.06 / 1.61-1.87 (five
+# of six), 8 MiB 3.02-4.35 / 2.28-2.97 (six of six), with and without single-copy reads alike.
+SLOT_ALONE_BYTES = 3 << 20
 SLOT_TENSOR_BYTES = 4 << 20
 
 
