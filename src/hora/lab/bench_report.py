@@ -261,7 +261,8 @@ def headline(meta: dict[str, Any]) -> str:
         + f"{meta.get('threads')} torch thread(s) per process"
         + (f"; on CUDA ({meta.get('gpu')})" if meta.get("device") == "cuda" else "")
         + ". Step time: mean ± standard "
-        "deviation over steps (a step lasts as long as its slowest rank); comm wait: share of a "
+        "deviation over steps (a step: the mean over ranks of their step, the wall time per step "
+        "of ranks that wait for one another); comm wait: share of a "
         "step spent in optimizer.synchronize() after backward"
         + ("; ddp: torch DistributedDataParallel on the same model and batch (its wait is "
            "inside backward: no share of its own)" if "ddp" in meta.get("backends", ()) else "")

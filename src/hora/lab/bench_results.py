@@ -37,14 +37,21 @@ class ScalingResult:
 def summarize(ranks: Sequence[dict[str, Any]], config: dict[str, Any]) -> Row:
     """One configuration's row from every rank's :func:`hora.lab.train_worker.train` result.
 
-    A step lasts as long as its slowest rank; throughput is ``np * batch / mean step time``;
-    phase times are means over ranks and steps; ``comm_share`` is wait / step (None
-    where the ranks say they could not time the wait apart: DDP's is inside backward).
+    Step ``i`` lasts the mean over ranks of each rank's step ``i``. The ranks wait for one
+    another in every step's collectives, so over the timed steps every rank spends the same
+    wall time, the slowest rank's pace; but each rank's steps begin and end at its own points of
+    the shared step (after its own update, before its own data), so one rank's step ``i`` may
+    be long where another's is short, and the next the other way round. The mean over ranks is
+    the wall time per step; the maximum over ranks, step by step, would count every such
+    offset as time (it overstated the step by 6-10% with four ranks on two cores, where the
+    offsets are milliseconds). Throughput is ``np * batch / mean step time``; phase times are
+    means over ranks and steps; ``comm_share`` is wait / step (None where the ranks say they
+    could not time the wait apart: DDP's is inside backward).
     """
     if not ranks or any(len(r["compute_s"]) != len(ranks[0]["compute_s"]) for r in ranks):
         raise ValueError("every rank must report the same number of steps")
     per_rank = [[sum(ph) for ph in zip(*(r[f"{p}_s"] for p in PHASES))] for r in ranks]
-    steps = [max(times) for times in zip(*per_rank)]
+    steps = [statistics.fmean(times) for times in zip(*per_rank)]
     phase = {f"{p}_s": statistics.fmean(v for r in ranks for v in r[f"{p}_s"]) for p in PHASES}
     mean = statistics.fmean(steps)
     quantiles = statistics.quantiles(steps, n=10, method="inclusive") if len(steps) > 1 else []

@@ -65,21 +65,37 @@ def _result(rows: list[res.Row] = ROWS, **kw: Any) -> res.ScalingResult:
     return res.ScalingResult(meta, ENV, list(rows), **kw)
 
 
-def test_summarize_takes_the_slowest_rank_per_step_and_derives_throughput() -> None:
+def test_summarize_takes_the_mean_over_ranks_per_step_and_derives_throughput() -> None:
     ranks = _ranks(2, compute=[0.10, 0.20, 0.30], wait=[0.05, 0.05, 0.05])
     row = res.summarize(ranks, {"batch_size": 8, "model": "mlp"})
     assert row["np"] == 2 and row["model"] == "mlp"
-    # rank 1: compute + 0.01, + wait 0.05 + update 0.001
-    assert row["step_times_s"] == pytest.approx([0.161, 0.261, 0.361])
-    assert row["step_mean_s"] == pytest.approx(0.261)
+    # the two ranks' steps: compute (+ 0.01 on rank 1) + wait 0.05 + update 0.001
+    assert row["step_times_s"] == pytest.approx([0.156, 0.256, 0.356])
+    assert row["step_mean_s"] == pytest.approx(0.256)
     assert row["step_std_s"] == pytest.approx(0.1)
-    assert row["throughput"] == pytest.approx(2 * 8 / 0.261)
+    assert row["throughput"] == pytest.approx(2 * 8 / 0.256)
     assert row["wait_s"] == pytest.approx(0.05)
     assert row["compute_s"] == pytest.approx(0.205)
     assert row["comm_share"] == pytest.approx(0.05 / (0.205 + 0.05 + 0.001))
-    assert row["step_p50_s"] == pytest.approx(0.261)
-    assert row["step_mean_s"] < row["step_p90_s"] <= 0.361
+    assert row["step_p50_s"] == pytest.approx(0.256)
+    assert row["step_mean_s"] < row["step_p90_s"] <= 0.356
     assert row["backend_used"] == "native" and row["params"] == 1000
+
+
+def test_a_step_is_the_ranks_wall_time_not_their_offsets_added_up() -> None:
+    """Two ranks that wait for each other every step spend the same wall time, 0.2 s a step;
+    their step boundaries sit at different points (each updates longer one step and shorter
+    the next, out of phase), so their own steps alternate 0.25 and 0.15. The step is 0.2 s,
+    not the 0.25 that the longer of the two steps is each time."""
+    ranks = _ranks(2, compute=[0.1] * 4, wait=[0.05] * 4)
+    for r, update in zip(ranks, ([0.1, 0.0, 0.1, 0.0], [0.0, 0.1, 0.0, 0.1])):
+        r["compute_s"] = [0.1] * 4
+        r["update_s"] = update
+    assert [sum(s) for s in zip(*(ranks[1][f"{p}_s"] for p in res.PHASES))] == pytest.approx(
+        [0.15, 0.25, 0.15, 0.25])
+    row = res.summarize(ranks, {"batch_size": 1})
+    assert row["step_times_s"] == pytest.approx([0.2] * 4)
+    assert row["step_mean_s"] == pytest.approx(0.2)
 
 
 def test_summarize_rejects_ranks_with_different_step_counts() -> None:
