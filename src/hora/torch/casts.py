@@ -56,6 +56,8 @@ class TorchCasts:
         return True
 
     def multiply(self, buf: np.ndarray, factor: np.float32, dtype: str) -> bool:
+        if not buf.flags.writeable:
+            return False
         torch.from_numpy(buf).view(_TORCH[dtype]).mul_(float(factor))
         return True
 

@@ -168,3 +168,26 @@ def test_torch_reduces_and_scales_a_piece_in_one_kernel(monkeypatch: pytest.Monk
     finally:
         hf.use_casts(before)
     assert not hf.NumpyCasts().combine(np.add, a, b, a, dtype)  # NumPy's: the pieces
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("error")  # torch warns on read-only NumPy memory: never reached
+@pytest.mark.parametrize("dtype", hf.HALF_FLOATS)
+def test_torch_casts_reduce_read_only_operands_through_the_pieces(dtype: str) -> None:
+    """A read-only operand (header bytes, an out-of-place input) is not handed to torch's
+    kernels: the piece goes through float32 instead, with the same bits."""
+    c = torch_casts.TorchCasts()
+    before = hf.casts()
+    hf.use_casts(c)
+    try:
+        a, b = _storage(_values(5000, 8), dtype), _storage(_values(5000, 9), dtype)
+        b.flags.writeable = False
+        assert not c.combine(np.add, a, b, a, dtype)
+        want = _storage(_wide(a, dtype) + _wide(b, dtype), dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ro.reducer(ro.SUM, dtype)(a, b)
+        _same(a, want, dtype)
+        a.flags.writeable = False
+        assert not c.multiply(a, np.float32(0.5), dtype)
+    finally:
+        hf.use_casts(before)
