@@ -15,8 +15,9 @@ PY=$HORA_PY
 hora_do "$PY" -m ruff check src tests examples
 hora_do "$PY" -m mypy
 # Most tests start ranks that wait on each other part of the time: one process kept about one
-# core of two busy, two workers about 1.75 (CPU over wall time); a test file goes to one worker whole, so a module's shared Spark
-# session or Ray cluster is made once (pytest-xdist hands out the files with most tests first).
+# core of two busy, two workers about 1.75 (CPU over wall time); a test file goes to one worker
+# whole, so a module's shared Spark session or Ray cluster is made once (pytest-xdist hands out
+# the files with most tests first).
 WORKERS=${HORA_TEST_WORKERS:-2}
 XDIST=()
 if [ "$WORKERS" -gt 1 ]; then XDIST=(-n "$WORKERS" --dist loadfile); fi

@@ -54,10 +54,10 @@ def allreduce(
     """
     check_buffer(buf, dtype)
     reducer(op, dtype)  # validates op and dtype on every path, also at size 1
-    if comm.size > 1 and buf.size > 0 and buf.nbytes > small_threshold:
-        allreduce_ring(comm, buf, dtype, op, scratch=scratch, post=post)
-        return
     if comm.size > 1 and buf.size > 0:
+        if buf.nbytes > small_threshold:
+            allreduce_ring(comm, buf, dtype, op, scratch=scratch, post=post)
+            return
         allreduce_recursive_doubling(comm, buf, dtype, op, scratch=scratch)
     scale(buf, dtype, post)
 

@@ -85,22 +85,23 @@ def ring_pass(
     if n == 1 or steps == 0:
         return
     last = reduce if last_reduce is None else last_reduce
+    # each step's reducer: ``reduce``, ``last`` for the last reducing step, then None (received)
+    by_step = [reduce if t + 1 < reduce_steps else last if t < reduce_steps else None
+               for t in range(steps)]  # fmt: skip
     itemsize = buf.itemsize
     largest = max(bounds[b + 1] - bounds[b] for b in range(n))
     if segment_bytes is None:
         if largest * itemsize <= EAGER_BYTES:
-            _eager_pass(comm, buf, bounds, start, steps, reduce_steps, (reduce, last), scratch,
-                        largest)  # fmt: skip
+            _eager_pass(comm, buf, bounds, start, by_step, scratch, largest)
             return
         segment_bytes = segment_size(largest * itemsize)
     seg_elems = max(1, segment_bytes // itemsize)
     blocks = [segments(bounds, b, seg_elems) for b in range(n)]
     units = [
-        (reduce if t + 1 < reduce_steps else last if t < reduce_steps else None, lo, hi,
-         t + 1 < steps)
+        (by_step[t], lo, hi, t + 1 < steps)
         for t in range(steps)
         for lo, hi in blocks[(start - t - 1) % n]
-    ]  # fmt: skip
+    ]
     raw = as_bytes(buf)
     right = comm.pair((rank + 1) % n)
     left = comm.pair((rank - 1) % n)
@@ -145,14 +146,12 @@ def _eager_pass(
     buf: np.ndarray,
     bounds: Sequence[int],
     start: int,
-    steps: int,
-    reduce_steps: int,
-    reducers: tuple[Reducer | None, Reducer | None],
+    by_step: list[Reducer | None],
     scratch: np.ndarray | None,
     largest: int,
 ) -> None:
     """The same ring with small blocks: blocking send then receive, no background threads.
-    ``reducers``: the reducing steps' reducer, and the last one's."""
+    ``by_step``: each step's reducer (None: received into place)."""
     n, rank = comm.size, comm.rank
     itemsize = buf.itemsize
     raw = as_bytes(buf)
@@ -162,7 +161,7 @@ def _eager_pass(
         tmp = scratch.reshape(-1).view(np.uint8)[: largest * itemsize].view(buf.dtype)
     else:
         tmp = np.empty(largest, buf.dtype)
-    for t in range(steps):
+    for t, reduce in enumerate(by_step):
         block = (start - t) % n
         lo, hi = bounds[block], bounds[block + 1]
         if hi > lo:
@@ -171,7 +170,6 @@ def _eager_pass(
         lo, hi = bounds[block], bounds[block + 1]
         if hi == lo:
             continue
-        reduce = reducers[t + 1 == reduce_steps] if t < reduce_steps else None
         if reduce is not None:
             incoming = tmp[: hi - lo]
             left.recv_into(as_bytes(incoming))
