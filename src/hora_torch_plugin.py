@@ -48,7 +48,9 @@ def torch_env_from_hora_run() -> dict[str, str]:
         want["MASTER_ADDR"] = "127.0.0.1"
     secret = _hora_var("SECRET_KEY") or ""
     digest = hashlib.sha256(b"hora-torch-store\0" + secret.encode()).digest()
-    port = 20000 + int.from_bytes(digest[:4], "big") % 20000
+    # below Linux's ephemeral ports (32768-60999 by default), as hora.identity.DERIVED_PORTS:
+    # one there may already be held by another process's socket bound to port 0
+    port = 20000 + int.from_bytes(digest[:4], "big") % 12768
     if str(port) == _hora_var("RENDEZVOUS_PORT"):
         port += 1
     want["MASTER_PORT"] = str(port)

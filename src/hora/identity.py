@@ -132,10 +132,18 @@ def _job_secret(env: Mapping[str, str], job_vars: tuple[str, ...]) -> bytes:
     return hashlib.sha256(b"hora-derived-secret\0" + material.encode()).digest()
 
 
+# Ports a job derives rather than asks the kernel for: below Linux's ephemeral range (32768-60999
+# by default), so that no socket another process bound to port 0, or connected from, can hold
+# one (hora_torch_plugin derives torch's store port from the same range)
+DERIVED_PORTS = range(20000, 32768)
+
+
 def _derived_port(env: Mapping[str, str], job_vars: tuple[str, ...]) -> int:
-    """A port in [20000, 40000) that every rank of the job computes alike from its job id."""
+    """A port that every rank of the job computes alike from its job id, in
+    :data:`DERIVED_PORTS`."""
     material = "\0".join(env.get(k, "") for k in job_vars).encode()
-    return 20000 + int.from_bytes(hashlib.sha256(material).digest()[:4], "big") % 20000
+    digest = int.from_bytes(hashlib.sha256(material).digest()[:4], "big")
+    return DERIVED_PORTS[digest % len(DERIVED_PORTS)]
 
 
 def _store(

@@ -74,7 +74,7 @@ def test_slurm_variables() -> None:
     assert ident.source == "slurm"
     assert (ident.rank, ident.size, ident.local_rank, ident.local_size) == (4, 5, 1, 2)
     assert (ident.cross_rank, ident.cross_size) == (1, 2)
-    assert ident.rendezvous_addr == "gpu07" and 20000 <= (ident.rendezvous_port or 0) < 40000
+    assert ident.rendezvous_addr == "gpu07" and 20000 <= (ident.rendezvous_port or 0) < 32768
     assert not ident.host_store
     assert detect({**env, "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
                    "SLURM_NODEID": "0"}).host_store  # fmt: skip
@@ -125,3 +125,28 @@ def test_mpich_variables() -> None:
            "MASTER_ADDR": "n0", "PMI_KVSNAME": "kvs_1"}  # fmt: skip
     ident = detect(env)
     assert (ident.source, ident.rank, ident.cross_rank, ident.cross_size) == ("mpi", 2, 1, 2)
+
+
+def test_derived_ports_stay_below_the_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port every rank derives (hora's store under Slurm, torch's store under ``hora run``)
+    lies below Linux's ephemeral ports, where no socket bound to port 0 can already hold it;
+    the ranks of one job derive the same one."""
+    import os
+
+    import hora_torch_plugin
+
+    seen_store, seen_torch = set(), set()
+    for job in range(400):
+        env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "0",
+               "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_ID": "0",
+               "SLURM_JOB_ID": str(job), "SLURM_STEP_NODELIST": "n1"}  # fmt: skip
+        port = detect(env).rendezvous_port
+        assert port == detect({**env, "SLURM_PROCID": "1", "SLURM_LOCALID": "1"}).rendezvous_port
+        seen_store.add(port)
+        # the plugin fills in os.environ: give it a copy, so nothing reaches later tests
+        fresh = {"HORA_RANK": "0", "HORA_SIZE": "2", "HORA_SECRET_KEY": f"{job:064x}"}
+        monkeypatch.setattr(os, "environ", fresh)
+        seen_torch.add(int(hora_torch_plugin.torch_env_from_hora_run()["MASTER_PORT"]))
+    for seen in (seen_store, seen_torch):
+        assert all(20000 <= p < 32768 for p in seen), sorted(seen)[-3:]
+        assert len(seen) > 350  # spread over the range, not a few ports
