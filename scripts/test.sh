@@ -22,6 +22,6 @@ WORKERS=${HORA_TEST_WORKERS:-2}
 XDIST=()
 if [ "$WORKERS" -gt 1 ]; then XDIST=(-n "$WORKERS" --dist loadfile); fi
 hora_log "running the tests on $WORKERS worker(s): the unit tests, the conformance suite and the" \
-  "integration tests (launcher, faults, TensorFlow, Spark, Ray, several hosts); about 25" \
+  "integration tests (launcher, faults, TensorFlow, Spark, Ray, several hosts); about 28" \
   "minutes on two idle cores"
 hora_do "$PY" -m pytest -rs ${XDIST[@]+"${XDIST[@]}"} "$@"
