@@ -18,6 +18,10 @@ import os
 from typing import Any
 
 BACKEND = "hora"
+# the ports a job derives (hora.identity.DERIVED_PORTS, which this module cannot import without
+# loading hora at torch's start-up): below Linux's ephemeral ports (32768-60999 by default),
+# where one may already be held by another process's socket bound to port 0
+DERIVED_PORTS = range(20000, 32768)
 
 __all__ = ["BACKEND", "plugin", "register", "torch_env_from_hora_run"]
 
@@ -48,11 +52,10 @@ def torch_env_from_hora_run() -> dict[str, str]:
         want["MASTER_ADDR"] = "127.0.0.1"
     secret = _hora_var("SECRET_KEY") or ""
     digest = hashlib.sha256(b"hora-torch-store\0" + secret.encode()).digest()
-    # below Linux's ephemeral ports (32768-60999 by default), as hora.identity.DERIVED_PORTS:
-    # one there may already be held by another process's socket bound to port 0
-    port = 20000 + int.from_bytes(digest[:4], "big") % 12768
-    if str(port) == _hora_var("RENDEZVOUS_PORT"):
-        port += 1
+    index = int.from_bytes(digest[:4], "big") % len(DERIVED_PORTS)
+    if str(DERIVED_PORTS[index]) == _hora_var("RENDEZVOUS_PORT"):
+        index = (index + 1) % len(DERIVED_PORTS)
+    port = DERIVED_PORTS[index]
     want["MASTER_PORT"] = str(port)
     filled = {k: v for k, v in want.items() if k not in os.environ}
     os.environ.update(filled)

@@ -134,7 +134,7 @@ def _job_secret(env: Mapping[str, str], job_vars: tuple[str, ...]) -> bytes:
 
 # Ports a job derives rather than asks the kernel for: below Linux's ephemeral range (32768-60999
 # by default), so that no socket another process bound to port 0, or connected from, can hold
-# one (hora_torch_plugin derives torch's store port from the same range)
+# one (hora_torch_plugin.DERIVED_PORTS, torch's store port under hora run, is the same range)
 DERIVED_PORTS = range(20000, 32768)
 
 

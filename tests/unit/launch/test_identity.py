@@ -3,9 +3,12 @@ variables."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from hora.identity import detect, expand_tasks_per_node, first_slurm_host
+import hora_torch_plugin
+from hora.identity import DERIVED_PORTS, detect, expand_tasks_per_node, first_slurm_host
 
 
 def test_single_process() -> None:
@@ -131,10 +134,7 @@ def test_derived_ports_stay_below_the_ephemeral_range(monkeypatch: pytest.Monkey
     """A port every rank derives (hora's store under Slurm, torch's store under ``hora run``)
     lies below Linux's ephemeral ports, where no socket bound to port 0 can already hold it;
     the ranks of one job derive the same one."""
-    import os
-
-    import hora_torch_plugin
-
+    assert hora_torch_plugin.DERIVED_PORTS == DERIVED_PORTS  # one range, written where each runs
     seen_store, seen_torch = set(), set()
     for job in range(400):
         env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "0",
