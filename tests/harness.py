@@ -187,3 +187,14 @@ def run_checks(checks: dict[str, Callable[..., None]], *args: Any) -> dict[str, 
         except Exception:
             out[name] = traceback.format_exc()
     return out
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs; a zombie counts as gone. The process may vanish
+    between any two steps here, so each step treats that as gone rather than raising."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"

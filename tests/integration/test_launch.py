@@ -16,25 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from harness import pid_alive
+
 HORA = [sys.executable, "-c", "import sys; from hora.launch.cli import main; sys.exit(main())"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _wait_gone(pids: list[int], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        alive = [p for p in pids if _alive(p)]
+        alive = [p for p in pids if pid_alive(p)]
         if not alive:
             return []
         time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if pid_alive(p)]
 
 
 def _script(tmp_path: Path, body: str) -> str:
@@ -90,7 +84,7 @@ def test_signal_to_the_launcher_stops_every_worker(tmp_path, sig, word) -> None:
     assert launcher.stdout is not None
     lines = [launcher.stdout.readline() for _ in range(3)]
     pids = _pids("".join(lines))
-    assert len(pids) == 3 and all(_alive(p) for p in pids)
+    assert len(pids) == 3 and all(pid_alive(p) for p in pids)
     launcher.send_signal(sig)
     out, err = launcher.communicate(timeout=30)
     assert launcher.returncode == 128 + sig

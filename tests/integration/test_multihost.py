@@ -68,7 +68,7 @@ def _only_sshd_left(cluster: Cluster, timeout: float = 5.0) -> dict[str, list[st
             for pid in set(cluster.processes(name)) - cluster.sshd_pids:
                 try:
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except FileNotFoundError:
+                except OSError:  # the process ended meanwhile
                     continue
                 extra.append(cmd)
             if extra:

@@ -19,6 +19,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'hora[ray]')")
 
+from harness import pid_alive  # noqa: E402
 from hora.errors import LaunchError  # noqa: E402
 from hora.ray import RayExecutor  # noqa: E402
 
@@ -65,7 +66,7 @@ def _assert_nothing_left(pids, port, deadline_s=60.0):
     end = time.monotonic() + deadline_s
     alive = list(pids)
     while time.monotonic() < end:
-        alive = [pid for pid in pids if _exists(pid)]
+        alive = [pid for pid in pids if pid_alive(pid)]
         cpus = ray.available_resources().get("CPU", 0)
         if not alive and cpus == NUM_CPUS:
             break
@@ -74,15 +75,6 @@ def _assert_nothing_left(pids, port, deadline_s=60.0):
     assert ray.available_resources().get("CPU", 0) == NUM_CPUS, ray.available_resources()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
-
-
-def _exists(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"))
 
 
 def test_run_returns_results_in_rank_order_and_stops_everything(cluster, monkeypatch):

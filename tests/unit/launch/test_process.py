@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from harness import pid_alive
 from hora.launch.local import worker_argv
 from hora.launch.process import ConsoleSink, LinePrefixer, Worker, stop_all, wrapper_script
 
@@ -82,15 +83,6 @@ def test_wrapper_passes_secret_and_exit_code(tmp_path) -> None:
     assert "c0ffee" not in " ".join(worker.proc.args)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie counts as gone
-        return f.read().split(")")[-1].split()[0] != "Z"
-
-
 def _pid_from(out: io.BytesIO, timeout: float = 20) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -116,9 +108,9 @@ def test_stop_kills_the_process_group_including_grandchildren() -> None:
     label, status = exits.get(timeout=10)
     assert label == 5 and status != 0
     deadline = time.monotonic() + 5
-    while (_alive(pid) or _alive(child)) and time.monotonic() < deadline:
+    while (pid_alive(pid) or pid_alive(child)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid) and not _alive(child)
+    assert not pid_alive(pid) and not pid_alive(child)
 
 
 @pytest.mark.timeout(40)
@@ -133,7 +125,7 @@ def test_sigterm_ignoring_worker_gets_sigkill_after_grace() -> None:
     stop_all([worker], grace_seconds=0.5)
     _, status = exits.get(timeout=10)
     assert status == 128 + signal.SIGKILL
-    assert not _alive(pid)
+    assert not pid_alive(pid)
 
 
 @pytest.mark.timeout(40)
@@ -150,9 +142,9 @@ def test_worker_dies_when_its_launcher_dies() -> None:
     launcher.stdin.close()  # what the kernel does when the launcher dies
     launcher.wait(timeout=10)
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not pid_alive(pid)
 
 
 def test_exit_statuses_name_the_signal_behind_them() -> None:
