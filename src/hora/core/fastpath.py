@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import os
 import select
-import struct
 import threading
 import time
 from array import array
@@ -58,7 +57,7 @@ from typing import Any
 from hora.backends.base import SetComm
 from hora.core.controller import Coordinator, fuse
 from hora.core.executor import Executor, TensorEntry
-from hora.core.handover import DATA, SHARED, HandOver, Header, Lent, Member, whole_groups
+from hora.core.handover import DATA, HEAD, SHARED, HandOver, Header, Lent, Member, whole_groups
 from hora.core.messages import CACHEABLE, OpType, Response, TensorSpec, table_key
 from hora.core.response_cache import ResponseCache
 from hora.core.stall import round_stall
@@ -72,7 +71,6 @@ from hora.transport.shm.waiting import peer_closed, sleep_nap, yield_while_waiti
 OTHER = 1  # the header's flag: this member holds work a round cannot settle
 STOP = 16  # the header's flag: this member shuts down; the round it answers does not run
 BARRIER = 32  # the header's flag: this member waits in a barrier
-_HEAD = struct.Struct("<BI")  # flags, number of ids; then the ids as uint32, then any data
 # (DATA, SHARED and SLOT1, the flags of a two-member round that hands over its data, are
 # hora.core.handover's)
 # a set of at least this many members with a shared arena posts its rounds' headers in the
@@ -83,24 +81,27 @@ MAILBOX_MIN_MEMBERS = 3
 _NAP_MAX = 500e-6
 
 
-def encode_header(ids: Sequence[int], flags: int = 0, data: bytes = b"") -> bytes:
-    return _HEAD.pack(flags, len(ids)) + array("I", ids).tobytes() + data
+def encode_header(ids: Sequence[int], flags: int = 0, *data: Any) -> bytes:
+    """A round's header: the flags, the ids, then ``data`` (byte-like parts, each copied
+    once, into the header)."""
+    return b"".join((HEAD.pack(flags, len(ids)), array("I", ids), *data))
 
 
 def decode_header(payload: bytes, peer: int) -> Header:
     """(flags, ids, data) of a peer's header; ValueError naming ``peer`` if malformed."""
-    if len(payload) < _HEAD.size:
+    if len(payload) < HEAD.size:
         raise ValueError(f"malformed direct-mode header from rank {peer}: {len(payload)} bytes")
-    flags, count = _HEAD.unpack_from(payload)
-    end = _HEAD.size + 4 * count
+    flags, count = HEAD.unpack_from(payload)
+    end = HEAD.size + 4 * count
     if len(payload) < end or (len(payload) > end and not flags & (DATA | SHARED)):
         raise ValueError(
             f"malformed direct-mode header from rank {peer}: {count} ids in "
-            f"{len(payload) - _HEAD.size} bytes"
+            f"{len(payload) - HEAD.size} bytes"
         )
     ids = array("I")
-    ids.frombytes(payload[_HEAD.size : end])
-    return flags, ids.tolist(), payload[end:]
+    view = memoryview(payload)
+    ids.frombytes(view[HEAD.size : end])
+    return flags, ids.tolist(), view[end:]  # the data, not copied
 
 
 class DirectMode:
@@ -328,11 +329,11 @@ class DirectRounds(HandOver):
         self.stats["direct_rounds"] += 1
         ids = list(ms.ready.values())
         flags = OTHER if ms.other else (BARRIER if ms.barrier else 0)
-        offer, data = None, b""
+        offer, data = None, ()
         if not flags and ids and ms.comm.size > 1:  # the data may come along
             offer, more, data = self._offer_data(ms, ids)
             flags |= more
-        headers = self._exchange(ms, encode_header(ids, flags, data), (flags, ids, b""))
+        headers = self._exchange(ms, encode_header(ids, flags, *data), (flags, ids, b""))
         if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
             ms.leave_direct()
             return

@@ -46,6 +46,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 from hora.backends.base import SetComm
 from hora.backends.native import MANY_MAX_BYTES
 from hora.core.executor import Executor, TensorEntry
@@ -53,14 +55,20 @@ from hora.core.messages import OpType, TensorSpec
 from hora.core.response_cache import ResponseCache
 from hora.transport.shm.arena import STORES_IN_ORDER
 
-Header = tuple[int, list[int], bytes]  # a round's header, decoded: flags, cache ids, data
+Header = tuple[int, list[int], bytes | memoryview]  # a round's header, decoded: flags, ids, data
 
 DATA = 2  # the header's flag: the inputs of its first tensors follow the ids
 SHARED = 4  # the header's flag: the inputs of its first tensors lie in a shared exchange slot
 SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
+# a round's header begins: its flags and the number of ids; the ids follow (uint32), then any
+# data (hora.core.fastpath encodes and decodes it)
+HEAD = struct.Struct("<BI")
 # with DATA or SHARED, the header's data begins: how many tensors' inputs are handed over, and
-# where in the slot they begin (bytes; 0 with DATA, whose inputs follow)
+# where they begin: in the slot (SHARED), or after this many bytes of padding (DATA), which put
+# them at a multiple of 8 bytes from the header's start, so that the receiver reduces them
+# where they lie in the message it received (aligned, as that begins aligned) without a copy
 _OFFER = struct.Struct("<IQ")
+_ALIGN = 8
 
 # the other member's word may say "done" while its loads are still under way only where stores
 # may pass earlier loads (STORES_IN_ORDER: x86 never lets them)
@@ -92,6 +100,22 @@ class Lent:
 # an offer: table keys, specs, this member's inputs (header bytes or a slot view), whether in
 # a slot, which, and from which byte
 Offer = tuple[list[str], list[TensorSpec], Any, bool, int, int]
+
+
+def header_data(ids: int, count: int, inputs: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
+    """The data of a ``DATA`` header with ``ids`` ids that hands over the inputs of ``count``
+    tensors (``inputs``, one contiguous array), as parts for ``encode_header``: the offer, the
+    padding that puts the inputs at a multiple of 8 bytes from the header's start, and the
+    inputs as they lie (``encode_header`` copies each part once)."""
+    pad = -(HEAD.size + 4 * ids + _OFFER.size) % _ALIGN
+    return _OFFER.pack(count, pad), bytes(pad), inputs.reshape(-1).view(np.uint8)
+
+
+def handed_inputs(data: Any) -> tuple[int, memoryview]:
+    """How many tensors' inputs a ``DATA`` header's data hands over, and those inputs (a view
+    of the header received: no copy)."""
+    count, pad = _OFFER.unpack_from(data)
+    return count, memoryview(data)[_OFFER.size + pad :]
 
 
 def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
@@ -167,17 +191,17 @@ class HandOver:
 
     def _touch(self, ms: Member, ids: list[int]) -> None: ...  # provided by DirectRounds
 
-    def _offer_data(self, ms: Member, ids: list[int]) -> tuple[Offer | None, int, bytes]:
+    def _offer_data(self, ms: Member, ids: list[int]) -> tuple[Offer | None, int, tuple[Any, ...]]:
         """What this member's header hands over in a round: the offer (None: nothing), the
-        header's flags for it and the data that follows the ids."""
+        header's flags for it and the data that follows the ids (byte-like parts)."""
         offer = self._offer(ms, ids) if ms.comm.size == 2 else self._offer_many(ms, ids)
         if offer is None:
-            return None, 0, b""
+            return None, 0, ()
         if offer[3]:  # in the shared arena
             ms.offered += 1
-            return offer, SHARED | (SLOT1 if offer[4] else 0), _OFFER.pack(len(offer[1]),
-                                                                          offer[5])
-        return offer, DATA, _OFFER.pack(len(offer[1]), 0) + offer[2].tobytes()
+            return offer, SHARED | (SLOT1 if offer[4] else 0), (_OFFER.pack(len(offer[1]),
+                                                                           offer[5]),)
+        return offer, DATA, header_data(len(ids), len(offer[1]), offer[2])
 
     def _handed_over(self, ms: Member, ids: list[int], offer: Offer | None,
                      headers: list[Header]) -> bool:  # fmt: skip
@@ -299,7 +323,7 @@ class HandOver:
                 inputs.append(self.executor.exchange_peer(
                     ms.comm, 1 if flags & SLOT1 else 0, at, nbytes // mine.itemsize, mine.dtype))
             else:
-                inputs.append(data[_OFFER.size :])
+                inputs.append(handed_inputs(data)[1])
         entries = [ms.table[k] for k in keys]
         for k in keys:
             del ms.ready[k]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hora.core.controller import Coordinator, decode_responses
@@ -16,7 +17,7 @@ from hora.core.fastpath import (
     decode_header,
     encode_header,
 )
-from hora.core.handover import DATA, exchange_run
+from hora.core.handover import DATA, exchange_run, handed_inputs, header_data
 from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
 
@@ -37,6 +38,28 @@ def test_header_round_trip() -> None:
     assert decode_header(encode_header([3, 0, 70000]), 1) == (0, [3, 0, 70000], b"")
     assert decode_header(encode_header([], OTHER), 1) == (OTHER, [], b"")
     assert decode_header(encode_header([7], DATA, b"abc"), 1) == (DATA, [7], b"abc")
+
+
+def test_header_data_in_parts_comes_back_as_a_view() -> None:
+    payload = encode_header([7], DATA, b"ab", np.arange(3, dtype=np.uint8))
+    flags, ids, data = decode_header(payload, 1)
+    assert (flags, ids, data) == (DATA, [7], b"ab\x00\x01\x02")
+    assert isinstance(data, memoryview) and data.obj is payload  # the data is not copied
+
+
+@pytest.mark.parametrize("ids", range(9))
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "int64"])
+def test_handed_inputs_lie_aligned_in_the_header_received(ids: int, dtype: str) -> None:
+    """Whatever the number of ids, the inputs start at a multiple of 8 bytes from the header's
+    start: the receiver reduces them where they lie, as aligned as any array."""
+    inputs = np.arange(5, dtype=dtype)
+    payload = encode_header(list(range(ids)), DATA, *header_data(ids, 2, inputs))
+    _, got_ids, data = decode_header(payload, 1)
+    count, view = handed_inputs(data)
+    assert got_ids == list(range(ids)) and count == 2
+    assert (len(payload) - view.nbytes) % 8 == 0
+    got = np.frombuffer(view, dtype)
+    assert got.flags.aligned and np.array_equal(got, inputs)
 
 
 def test_malformed_header_names_the_peer() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hora.errors import TransportError
 from hora.transport.base import CONTROL, DATA, MAX_MESSAGE, Pair, Work
 from hora.transport.tcp import TcpPair
-from hora.transport.tcp.wire import DATA_FRAME, HEADER, MAGIC, MSG_FRAME, VERSION
+from hora.transport.tcp.wire import DATA_FRAME, HEADER, MAGIC, MSG_FRAME, VERSION, recv_exact
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -221,3 +221,25 @@ def test_a_peer_that_stops_reading_for_12_s_keeps_the_connection() -> None:
             got += len(chunk)
         thread.join(10.0)
         assert outcome == [None]
+
+
+def test_recv_exact_reads_a_message_sent_in_pieces_and_reports_an_early_close() -> None:
+    """One read takes the whole message where the socket blocks; with a timeout set (the
+    socket then does not block) or pieces that come apart, the rest is read after it."""
+    for timeout in (None, 5.0):
+        a, b = socket.socketpair()
+        try:
+            a.settimeout(timeout)
+            late = threading.Timer(0.2, b.sendall, args=(b"world",))
+            b.sendall(b"hello ")
+            late.start()
+            assert recv_exact(a, 11) == b"hello world"
+            late.join()
+            assert recv_exact(a, 0) == b""
+            b.sendall(b"abc")
+            b.close()
+            with pytest.raises(EOFError):
+                recv_exact(a, 10)
+        finally:
+            a.close()
+            b.close()

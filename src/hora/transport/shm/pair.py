@@ -76,7 +76,7 @@ from hora.transport.shm.frames import (
 from hora.transport.shm.staging import SLOT_BYTES, SLOTS, Staging
 from hora.transport.shm.waiting import poll_yielding, waiting_spin
 from hora.transport.tcp.pair import byte_view
-from hora.transport.tcp.wire import hard_close, recv_exact_into
+from hora.transport.tcp.wire import hard_close, recv_exact, recv_exact_into
 
 _DONE = Completion(done=True)  # shared by every isend that completed at once
 
@@ -392,9 +392,10 @@ class ShmPair:
         kind, _, _, total, _ = self._read_header()
         if kind != MSG or total > MAX_MESSAGE:
             raise self._malformed(f"expected a message, got {KIND_NAMES.get(kind, kind)}")
-        body = bytearray(total)
-        self._read_exact(memoryview(body))
-        return bytes(body)
+        try:
+            return recv_exact(self._in.sock, total)
+        except (OSError, EOFError) as e:
+            raise self._fail(e) from e
 
     def _recv(self, views: list[memoryview], fold: Fold | None) -> bool:
         """Receive one data frame into ``views`` (or fold it in); True if it was written back."""

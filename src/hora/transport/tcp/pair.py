@@ -28,6 +28,7 @@ from hora.transport.tcp.wire import (
     MSG_FRAME,
     VERSION,
     hard_close,
+    recv_exact,
     recv_exact_into,
     send_parts,
     send_rest,
@@ -112,9 +113,10 @@ class TcpPair:
     def recv_msg(self) -> bytes:
         self._receiver.drain()
         length = self._read_header(MSG_FRAME)
-        body = bytearray(length)
-        self._read_body(memoryview(body))
-        return bytes(body)
+        try:
+            return recv_exact(self._sock, length)
+        except (OSError, EOFError) as e:
+            raise self._fail(e) from e
 
     def fileno(self) -> int:
         return self._fd
@@ -226,9 +228,3 @@ class TcpPair:
         else:
             problem = f"message of {got_length} bytes exceeds MAX_MESSAGE={MAX_MESSAGE}"
         raise self._fail(f"malformed frame from {self._what}: {problem}")
-
-    def _read_body(self, view: memoryview) -> None:
-        try:
-            recv_exact_into(self._sock, view)
-        except (OSError, EOFError) as e:
-            raise self._fail(e) from e

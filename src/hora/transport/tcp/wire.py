@@ -63,9 +63,19 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
-    """``size`` bytes from ``sock``; raise EOFError if the peer closes first."""
+    """``size`` bytes from ``sock``; raise EOFError if the peer closes first. Where the
+    socket blocks, one system call reads them straight into the bytes returned (no zeroed
+    buffer, no copy); a short read (a timeout set, a signal) finishes the usual way."""
+    if size == 0:
+        return b""
+    first = sock.recv(size, socket.MSG_WAITALL)
+    if len(first) == size:
+        return first
+    if not first:
+        raise EOFError("connection closed by the peer")
     buf = bytearray(size)
-    recv_exact_into(sock, memoryview(buf))
+    buf[: len(first)] = first
+    recv_exact_into(sock, memoryview(buf)[len(first) :])
     return bytes(buf)
 
 
