@@ -111,11 +111,17 @@ def header_data(ids: int, count: int, inputs: np.ndarray) -> tuple[bytes, bytes,
     return _OFFER.pack(count, pad), bytes(pad), inputs.reshape(-1).view(np.uint8)
 
 
-def handed_inputs(data: Any) -> tuple[int, memoryview]:
-    """How many tensors' inputs a ``DATA`` header's data hands over, and those inputs (a view
-    of the header received: no copy)."""
-    count, pad = _OFFER.unpack_from(data)
-    return count, memoryview(data)[_OFFER.size + pad :]
+def read_offer(data: Any) -> tuple[int, int]:
+    """How many tensors' inputs a ``DATA`` or ``SHARED`` header's data hands over, and where
+    they begin: their offset in the slot (``SHARED``), or the padding before them (``DATA``)."""
+    count, at = _OFFER.unpack_from(data)
+    return count, at
+
+
+def handed_inputs(data: Any, pad: int) -> memoryview:
+    """The inputs a ``DATA`` header's data hands over, after ``pad`` bytes of padding
+    (:func:`read_offer`): a view of the header received, no copy."""
+    return memoryview(data)[_OFFER.size + pad :]
 
 
 def exchange_run(specs: Sequence[TensorSpec | None], limit: int) -> int:
@@ -308,7 +314,7 @@ class HandOver:
                 continue
             if not flags & (DATA | SHARED) or len(data) < _OFFER.size:
                 return False
-            count, at = _OFFER.unpack_from(data)
+            count, at = read_offer(data)
             most, n = min(n, count), 0
             while n < most and their_ids[n] == ids[n]:
                 n += 1
@@ -323,7 +329,7 @@ class HandOver:
                 inputs.append(self.executor.exchange_peer(
                     ms.comm, 1 if flags & SLOT1 else 0, at, nbytes // mine.itemsize, mine.dtype))
             else:
-                inputs.append(handed_inputs(data)[1])
+                inputs.append(handed_inputs(data, at))
         entries = [ms.table[k] for k in keys]
         for k in keys:
             del ms.ready[k]

@@ -17,7 +17,7 @@ from hora.core.fastpath import (
     decode_header,
     encode_header,
 )
-from hora.core.handover import DATA, exchange_run, handed_inputs, header_data
+from hora.core.handover import DATA, exchange_run, handed_inputs, header_data, read_offer
 from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
 
@@ -55,7 +55,8 @@ def test_handed_inputs_lie_aligned_in_the_header_received(ids: int, dtype: str) 
     inputs = np.arange(5, dtype=dtype)
     payload = encode_header(list(range(ids)), DATA, *header_data(ids, 2, inputs))
     _, got_ids, data = decode_header(payload, 1)
-    count, view = handed_inputs(data)
+    count, pad = read_offer(data)
+    view = handed_inputs(data, pad)
     assert got_ids == list(range(ids)) and count == 2
     assert (len(payload) - view.nbytes) % 8 == 0
     got = np.frombuffer(view, dtype)
