@@ -338,6 +338,7 @@ def _same_bits(rank: int, count: int) -> dict[str, object]:
     after = _stats()
     out["exchanged"] = after["exchanged"] - before["exchanged"]
     out["exchanged_shared"] = after["exchanged_shared"] - before["exchanged_shared"]
+    out["lane"] = after["lane"] - before["lane"]
     out["digest"] = digest.hexdigest()
     hvd.shutdown()
     return out
@@ -368,6 +369,10 @@ def test_inputs_exchanged_in_the_round_give_the_backends_bits(np_: int, count: i
         assert not bad, bad
         # 31 dtype and op cases plus 3 more, each exchanged twice or more
         assert int(out[way]) >= 2 * 34, out  # type: ignore[call-overload]
+        if np_ == 2 and way == "exchanged":  # every one of them by the callers' lane
+            assert int(out["lane"]) >= 2 * 34, out  # type: ignore[call-overload]
+        else:
+            assert out["lane"] == 0, out
 
 
 def _split_group(rank: int) -> dict[str, object]:
@@ -397,3 +402,49 @@ def test_a_group_is_never_split_between_a_hand_over_and_the_backend(np_: int) ->
     for out in run_ranks(_split_group, np_, timeout=90, env=env):
         assert out["ok"] is True, out
         assert int(out["rounds"]) > 0, out  # type: ignore[call-overload]  # in direct mode
+
+
+def _lane_meets_other_rounds(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    a = np.arange(300, dtype=np.float32) + rank
+    b = np.full(40, rank + 1.0, np.float64)
+    want_a, want_b = 2 * np.arange(300) + 1, np.full(40, 3.0)
+    ok = []
+    for _ in range(3):  # both cached, and direct mode entered
+        hvd.allreduce(a, op=hvd.Sum, name="a")
+        hvd.allreduce(b, op=hvd.Sum, name="b")
+    before = _stats()
+    for step in range(20):
+        if rank == 0:  # blocking, one at a time: the callers' lane
+            ok.append(np.array_equal(hvd.allreduce(a, op=hvd.Sum, name="a"), want_a))
+            ok.append(np.array_equal(hvd.allreduce(b, op=hvd.Sum, name="b"), want_b))
+        elif step % 2:  # both at once, in the other order: the lane's header is not mirrored
+            hb = hvd.allreduce_async(b, op=hvd.Sum, name="b")
+            ha = hvd.allreduce_async(a, op=hvd.Sum, name="a")
+            ok.append(np.array_equal(hvd.synchronize(ha), want_a))
+            ok.append(np.array_equal(hvd.synchronize(hb), want_b))
+        else:  # blocking here too: the two lanes meet
+            ok.append(np.array_equal(hvd.allreduce(a, op=hvd.Sum, name="a"), want_a))
+            ok.append(np.array_equal(hvd.allreduce(b, op=hvd.Sum, name="b"), want_b))
+    after = _stats()
+    hvd.shutdown()
+    return {"ok": all(ok) and len(ok) == 40,
+            **{k: after[k] - before[k] for k in ("lane", "direct_rounds", "direct_exits")}}
+
+
+@pytest.mark.timeout(120)
+def test_the_lane_of_a_blocking_allreduce_meets_rounds_that_differ() -> None:
+    """A caller's blocking allreduce in a pair goes in one header and reduces the other's
+    when that mirrors it (the lane, hora.core.handover). Where the other member holds more,
+    in another order, the round goes on as any other: every result is right, on both."""
+    r0, r1 = run_ranks(_lane_meets_other_rounds, 2, timeout=90)
+    for out in (r0, r1):
+        assert out["ok"] is True, out
+    # the ten steps both block: both ranks' lanes, twice a step
+    assert int(r1["lane"]) >= 20, r1  # type: ignore[call-overload]
+    # and the other ten: rank 0's lane saw [b, a] against its [a], and went on as a round
+    assert int(r0["direct_rounds"]) > int(r0["lane"]), r0  # type: ignore[call-overload]

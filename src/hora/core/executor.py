@@ -78,6 +78,8 @@ class Executor:
         self.device_ops: BufferOps | None = (
             backend.buffer_ops if getattr(backend, "device_buffers", False) else None  # type: ignore[attr-defined]
         )
+        # hora's own backend: a pair's allreduces may travel in its rounds (hora.core.handover)
+        self.native = bool(getattr(backend, "native", False))
         # the backend scales a host allreduce's result itself (allreduce's ``post=``)
         self._scales = bool(getattr(backend, "scales_result", False))
 
@@ -292,7 +294,7 @@ class Executor:
         travels in the header). ``specs``: allreduces of one dtype (fastpath.exchange_run).
         None when they do not qualify: not hora's own backend, or they do not fit in the slot
         or the header, or there is no shared arena open."""
-        if any(e.array is None for e in entries) or not getattr(self.backend, "native", False):
+        if not self.native or any(e.array is None for e in entries):
             return None
         arrays = [e.array.reshape(-1) for e in entries if e.array is not None]
         count = sum(a.size for a in arrays)
@@ -317,7 +319,7 @@ class Executor:
         """Whether one hand-over carries ``count`` allreduces of ``nbytes`` together in this
         set: in the header when small, else where the backend says its exchange slots serve
         them (never with another backend than hora's own)."""
-        if not getattr(self.backend, "native", False):
+        if not self.native:
             return False
         if nbytes <= EXCHANGE_MAX_BYTES:
             return True
@@ -383,7 +385,7 @@ class Executor:
             n = _numel(spec.request.shape)
             parts = [a[at : at + n] for a in arrays]
             if len(parts) == 2:
-                results.append(self._exchanged(spec, entry, parts[me], parts[1 - me], shared))
+                results.append(self.exchanged(spec, entry, parts[me], parts[1 - me], shared))
             else:
                 results.append(self._reduced_in_order(spec, entry, parts))
             at += n
@@ -402,8 +404,10 @@ class Executor:
         return out.reshape(req.shape)
 
     @staticmethod
-    def _exchanged(spec: TensorSpec, entry: TensorEntry, mine: np.ndarray,
+    def exchanged(spec: TensorSpec, entry: TensorEntry, mine: np.ndarray,
                    incoming: np.ndarray, shared: bool) -> np.ndarray:  # fmt: skip
+        """The result of a pair's allreduce from this member's prescaled inputs ``mine`` and
+        the other's ``incoming``; ``shared``: never made over ``mine``."""
         req = spec.request
         op = req.reduce_op
         # where the result is made: over ``mine`` where that is this rank's own copy, over the

@@ -57,7 +57,17 @@ from typing import Any
 from hora.backends.base import SetComm
 from hora.core.controller import Coordinator, fuse
 from hora.core.executor import Executor, TensorEntry
-from hora.core.handover import DATA, HEAD, SHARED, HandOver, Header, Lent, Member, whole_groups
+from hora.core.handover import (
+    DATA,
+    HEAD,
+    SHARED,
+    HandOver,
+    Header,
+    Lent,
+    Member,
+    encode_header,
+    whole_groups,
+)
 from hora.core.messages import CACHEABLE, OpType, Response, TensorSpec, table_key
 from hora.core.response_cache import ResponseCache
 from hora.core.stall import round_stall
@@ -79,12 +89,6 @@ BARRIER = 32  # the header's flag: this member waits in a barrier
 # polls (hora.transport.shm.waiting.sleep_nap)
 MAILBOX_MIN_MEMBERS = 3
 _NAP_MAX = 500e-6
-
-
-def encode_header(ids: Sequence[int], flags: int = 0, *data: Any) -> bytes:
-    """A round's header: the flags, the ids, then ``data`` (byte-like parts, each copied
-    once, into the header)."""
-    return b"".join((HEAD.pack(flags, len(ids)), array("I", ids), *data))
 
 
 def decode_header(payload: bytes, peer: int) -> Header:
@@ -267,6 +271,7 @@ class DirectRounds(HandOver):
             if self.spin_yield:  # the backend's receives in this thread poll, yielding
                 yield_while_waiting(self.spin_s)
             try:
+                self._lane(ms)
                 while ms.direct.active and any(k in table for k in keys):
                     if self._closing or self._stop_requested:
                         break
@@ -334,6 +339,11 @@ class DirectRounds(HandOver):
             offer, more, data = self._offer_data(ms, ids)
             flags |= more
         headers = self._exchange(ms, encode_header(ids, flags, *data), (flags, ids, b""))
+        self._settle(ms, ids, offer, headers)
+
+    def _settle(self, ms: MemberState, ids: list[int], offer: Any, headers: list[Header]) -> None:
+        """Every member's header of a round is in (this member's held ``ids`` and ``offer``):
+        run what they agree on, or end direct mode."""
         if any(h[0] & STOP for h in headers):  # a member shut down first: nothing runs
             ms.leave_direct()
             return

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import struct
 import time
+from array import array
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -50,9 +51,11 @@ import numpy as np
 
 from hora.backends.base import SetComm
 from hora.backends.native import MANY_MAX_BYTES
-from hora.core.executor import Executor, TensorEntry
+from hora.collectives.reduce_ops import scale
+from hora.core.executor import EXCHANGE_MAX_BYTES, Executor, TensorEntry
 from hora.core.messages import OpType, TensorSpec
 from hora.core.response_cache import ResponseCache
+from hora.errors import HoraInternalError
 from hora.transport.shm.arena import STORES_IN_ORDER
 
 Header = tuple[int, list[int], bytes | memoryview]  # a round's header, decoded: flags, ids, data
@@ -100,6 +103,12 @@ class Lent:
 # an offer: table keys, specs, this member's inputs (header bytes or a slot view), whether in
 # a slot, which, and from which byte
 Offer = tuple[list[str], list[TensorSpec], Any, bool, int, int]
+
+
+def encode_header(ids: Sequence[int], flags: int = 0, *data: Any) -> bytes:
+    """A round's header: the flags, the ids, then ``data`` (byte-like parts, each copied
+    once, into the header)."""
+    return b"".join((HEAD.pack(flags, len(ids)), array("I", ids), *data))
 
 
 def header_data(ids: int, count: int, inputs: np.ndarray) -> tuple[bytes, bytes, np.ndarray]:
@@ -195,7 +204,60 @@ class HandOver:
     # has nothing else to do, where the engine thread's time is taken from the training's
     _caller_turn = False
 
-    def _touch(self, ms: Member, ids: list[int]) -> None: ...  # provided by DirectRounds
+    # provided by DirectRounds (its member state, hora.core.fastpath.MemberState)
+    def _touch(self, ms: Member, ids: list[int]) -> None: ...
+    def _exchange(self, ms: Any, mine: bytes, own: Header) -> list[Header]:
+        raise NotImplementedError
+    def _settle(self, ms: Any, ids: list[int], offer: Offer | None,
+                headers: list[Header]) -> None: ...  # fmt: skip
+
+    def _lane(self, ms: Any) -> bool:
+        """The steady state of a blocking allreduce in a pair, run by its caller: the one
+        tensor this member holds is a cached allreduce that fits in the header, so the round
+        is that header and the other's. Exactly the header :meth:`_offer` would make; when
+        the other's mirrors it (the same one tensor, handed over), the result is reduced here
+        and the round is done, without the general round's lists and plans, else the round
+        goes on as any other (:meth:`_settle`). False, and nothing sent, when this is not
+        that steady state (the caller then runs general rounds)."""
+        if (ms.comm.size != 2 or self.timeline is not None or len(ms.ready) != 1
+                or len(ms.table) != 1 or ms.other or ms.barrier or ms.lent is not None):
+            return False
+        ((key, cid),) = ms.ready.items()
+        spec, entry = ms.cache.get(cid), ms.table.get(key)
+        if spec is None or entry is None or entry.array is None or entry.ready is not None:
+            return False
+        req = spec.request
+        if (req.op != OpType.ALLREDUCE or req.group_size > 1 or req.nbytes > EXCHANGE_MAX_BYTES
+                or not self.executor.native):
+            return False
+        self.stats["direct_rounds"] += 1
+        ids = [cid]
+        inputs = entry.array.reshape(-1)
+        own = req.prescale != 1.0  # the inputs prescaled, in a copy of this member's own
+        if own:
+            inputs = inputs.copy()
+            scale(inputs, req.dtype, req.prescale)
+        header = encode_header(ids, DATA, *header_data(1, 1, inputs))
+        headers = self._exchange(ms, header, (DATA, ids, b""))
+        flags, theirs, data = headers[1 - ms.comm.rank]
+        if flags != DATA or theirs != ids or len(data) < _OFFER.size or read_offer(data)[0] != 1:
+            # what _offer would have made: the inputs in a copy (the round may not run them)
+            offer = ([key], [spec], inputs if own else inputs.copy(), False, 0, 0)
+            self._settle(ms, ids, offer, headers)
+            return True
+        incoming = np.frombuffer(handed_inputs(data, read_offer(data)[1]), inputs.dtype)
+        if incoming.size != inputs.size:
+            raise HoraInternalError(f"{req.name}: rank {ms.comm.ranks[1 - ms.comm.rank]} of the "
+                                    f"set handed over {incoming.nbytes} bytes for {req.nbytes}")
+        del ms.ready[key]
+        self._touch(ms, ids)
+        self.stats["responses"] += 1
+        self.stats["exchanged"] += 1
+        self.stats["lane"] += 1
+        result = self.executor.exchanged(spec, entry, inputs, incoming, not own)
+        del ms.table[key]
+        entry.complete(result)
+        return True
 
     def _offer_data(self, ms: Member, ids: list[int]) -> tuple[Offer | None, int, tuple[Any, ...]]:
         """What this member's header hands over in a round: the offer (None: nothing), the
