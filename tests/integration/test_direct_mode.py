@@ -369,7 +369,7 @@ def test_inputs_exchanged_in_the_round_give_the_backends_bits(np_: int, count: i
         assert not bad, bad
         # 31 dtype and op cases plus 3 more, each exchanged twice or more
         assert int(out[way]) >= 2 * 34, out  # type: ignore[call-overload]
-        if np_ == 2 and way == "exchanged":  # every one of them by the callers' lane
+        if np_ == 2:  # every one of them by the callers' lane
             assert int(out["lane"]) >= 2 * 34, out  # type: ignore[call-overload]
         else:
             assert out["lane"] == 0, out
@@ -410,41 +410,43 @@ def _lane_meets_other_rounds(rank: int) -> dict[str, object]:
     import hora as hvd
 
     hvd.init()
-    a = np.arange(300, dtype=np.float32) + rank
-    b = np.full(40, rank + 1.0, np.float64)
-    want_a, want_b = 2 * np.arange(300) + 1, np.full(40, 3.0)
+    # in the header, and (400 KB) in an exchange slot of the set's shared arena
+    xs = {"a": np.arange(300, dtype=np.float32) + rank, "b": np.full(40, rank + 1.0),
+          "c": np.arange(100_000, dtype=np.float32) * (rank + 1)}
+    want = {"a": 2 * np.arange(300) + 1, "b": np.full(40, 3.0), "c": np.arange(100_000) * 3}
     ok = []
-    for _ in range(3):  # both cached, and direct mode entered
-        hvd.allreduce(a, op=hvd.Sum, name="a")
-        hvd.allreduce(b, op=hvd.Sum, name="b")
+
+    def blocking(name: str) -> None:
+        ok.append(np.array_equal(hvd.allreduce(xs[name], op=hvd.Sum, name=name), want[name]))
+
+    for _ in range(3):  # cached, and direct mode entered
+        for name in xs:
+            blocking(name)
     before = _stats()
     for step in range(20):
-        if rank == 0:  # blocking, one at a time: the callers' lane
-            ok.append(np.array_equal(hvd.allreduce(a, op=hvd.Sum, name="a"), want_a))
-            ok.append(np.array_equal(hvd.allreduce(b, op=hvd.Sum, name="b"), want_b))
-        elif step % 2:  # both at once, in the other order: the lane's header is not mirrored
-            hb = hvd.allreduce_async(b, op=hvd.Sum, name="b")
-            ha = hvd.allreduce_async(a, op=hvd.Sum, name="a")
-            ok.append(np.array_equal(hvd.synchronize(ha), want_a))
-            ok.append(np.array_equal(hvd.synchronize(hb), want_b))
-        else:  # blocking here too: the two lanes meet
-            ok.append(np.array_equal(hvd.allreduce(a, op=hvd.Sum, name="a"), want_a))
-            ok.append(np.array_equal(hvd.allreduce(b, op=hvd.Sum, name="b"), want_b))
+        if rank == 0 or step % 2 == 0:  # blocking, one at a time: the callers' lanes
+            for name in xs:
+                blocking(name)
+        else:  # all at once, in the other order: rank 0's header is not mirrored
+            handles = {n: hvd.allreduce_async(xs[n], op=hvd.Sum, name=n) for n in "cba"}
+            ok.extend(np.array_equal(hvd.synchronize(h), want[n]) for n, h in handles.items())
     after = _stats()
     hvd.shutdown()
-    return {"ok": all(ok) and len(ok) == 40,
-            **{k: after[k] - before[k] for k in ("lane", "direct_rounds", "direct_exits")}}
+    return {"ok": all(ok) and len(ok) == 69,
+            **{k: after[k] - before[k] for k in ("lane", "direct_rounds", "exchanged_shared")}}
 
 
 @pytest.mark.timeout(120)
 def test_the_lane_of_a_blocking_allreduce_meets_rounds_that_differ() -> None:
-    """A caller's blocking allreduce in a pair goes in one header and reduces the other's
-    when that mirrors it (the lane, hora.core.handover). Where the other member holds more,
-    in another order, the round goes on as any other: every result is right, on both."""
+    """A caller's blocking allreduce in a pair goes in one header, its inputs in it or in an
+    exchange slot, and is reduced with the other's when that header mirrors it (the lane,
+    hora.core.handover). Where the other member holds more, in another order, the round goes
+    on as any other: every result is right, on both."""
     r0, r1 = run_ranks(_lane_meets_other_rounds, 2, timeout=90)
     for out in (r0, r1):
         assert out["ok"] is True, out
-    # the ten steps both block: both ranks' lanes, twice a step
-    assert int(r1["lane"]) >= 20, r1  # type: ignore[call-overload]
-    # and the other ten: rank 0's lane saw [b, a] against its [a], and went on as a round
+        assert int(out["exchanged_shared"]) >= 10, out  # type: ignore[call-overload]
+    # the ten steps both block: both ranks' lanes, three times a step
+    assert int(r1["lane"]) >= 30, r1  # type: ignore[call-overload]
+    # and the other ten: rank 0's lane saw [c, b, a] against its [a], and went on as a round
     assert int(r0["direct_rounds"]) > int(r0["lane"]), r0  # type: ignore[call-overload]

@@ -179,16 +179,16 @@ def _slow_reader(rank: int, steps: int) -> dict[str, object]:
     if rank == 1:  # every third hand-over, rank 1 reads rank 0's slot late: 25 ms, far
         # longer than rank 0's step and its wait for the word (at most 2 ms), even on a loaded
         # machine (at 4 ms, a busy CI machine saw half the late reads over before rank 0 looked)
-        finish = Executor.finish_exchange
+        finish = Executor.exchanged  # a pair's reduction of what the other handed over
         calls = [0]
 
-        def late(self: Executor, *args: object, **kw: object) -> object:
+        def late(*args: object, **kw: object) -> object:
             calls[0] += 1
             if calls[0] % 3 == 0:
                 time.sleep(0.025)
-            return finish(self, *args, **kw)
+            return finish(*args, **kw)  # type: ignore[arg-type]
 
-        Executor.finish_exchange = late  # type: ignore[method-assign]
+        Executor.exchanged = staticmethod(late)  # type: ignore[method-assign, assignment]
     x = np.zeros(1 << 18, dtype=np.float32)  # 1 MiB
     ramp = np.arange(x.size, dtype=np.float32) % 777
     wrong = []

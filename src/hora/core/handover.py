@@ -213,12 +213,13 @@ class HandOver:
 
     def _lane(self, ms: Any) -> bool:
         """The steady state of a blocking allreduce in a pair, run by its caller: the one
-        tensor this member holds is a cached allreduce that fits in the header, so the round
-        is that header and the other's. Exactly the header :meth:`_offer` would make; when
-        the other's mirrors it (the same one tensor, handed over), the result is reduced here
-        and the round is done, without the general round's lists and plans, else the round
-        goes on as any other (:meth:`_settle`). False, and nothing sent, when this is not
-        that steady state (the caller then runs general rounds)."""
+        tensor this member holds is a cached allreduce that one hand-over carries (in the
+        header, or in an exchange slot), so the round is that header and the other's. It is
+        the header :meth:`_offer` would make; when the other's mirrors it (the same one
+        tensor, handed over), the result is reduced here and the round is done, without the
+        general round's lists, plans and offers; else the round goes on as any other
+        (:meth:`_settle`). False, and nothing sent, when this is not that steady state (the
+        caller then runs general rounds)."""
         if (ms.comm.size != 2 or self.timeline is not None or len(ms.ready) != 1
                 or len(ms.table) != 1 or ms.other or ms.barrier or ms.lent is not None):
             return False
@@ -226,35 +227,61 @@ class HandOver:
         spec, entry = ms.cache.get(cid), ms.table.get(key)
         if spec is None or entry is None or entry.array is None or entry.ready is not None:
             return False
-        req = spec.request
-        if (req.op != OpType.ALLREDUCE or req.group_size > 1 or req.nbytes > EXCHANGE_MAX_BYTES
-                or not self.executor.native):
+        req, ex, comm = spec.request, self.executor, ms.comm
+        if (req.op != OpType.ALLREDUCE or req.group_size > 1
+                or not ex.exchange_takes(comm, req.nbytes, 1)):
             return False
+        array = entry.array.reshape(-1)
+        slot = -1  # in the header
+        if req.nbytes <= EXCHANGE_MAX_BYTES:
+            inputs = array.copy() if req.prescale != 1.0 else array
+        else:
+            slot = self._free_slot(ms, req.nbytes)
+            view = ex.exchange_view(comm, slot, 0, array.size, array.dtype, comm.rank)
+            if view is None:
+                return False
+            inputs = view
+            np.copyto(inputs, array)
+        if inputs is not array:
+            scale(inputs, req.dtype, req.prescale)
         self.stats["direct_rounds"] += 1
         ids = [cid]
-        inputs = entry.array.reshape(-1)
-        own = req.prescale != 1.0  # the inputs prescaled, in a copy of this member's own
-        if own:
-            inputs = inputs.copy()
-            scale(inputs, req.dtype, req.prescale)
-        header = encode_header(ids, DATA, *header_data(1, 1, inputs))
-        headers = self._exchange(ms, header, (DATA, ids, b""))
-        flags, theirs, data = headers[1 - ms.comm.rank]
-        if flags != DATA or theirs != ids or len(data) < _OFFER.size or read_offer(data)[0] != 1:
+        data: tuple[Any, ...]
+        if slot < 0:
+            flags, data = DATA, header_data(1, 1, inputs)
+        else:  # as _offer and _offer_data keep the books of a slot
+            ms.lent = Lent(slot, [entry], req.nbytes, inputs.dtype)
+            if slot != ms.slot:
+                self.stats["slot_reused"] += 1
+            ms.slot, ms.offered = slot ^ 1, ms.offered + 1
+            flags, data = SHARED | (SLOT1 if slot else 0), (_OFFER.pack(1, 0),)
+        headers = self._exchange(ms, encode_header(ids, flags, *data), (flags, ids, b""))
+        theirs, their_ids, their_data = headers[1 - comm.rank]
+        if (their_ids != ids or theirs & ~SLOT1 != flags & ~SLOT1
+                or len(their_data) < _OFFER.size or read_offer(their_data)[0] != 1):
             # what _offer would have made: the inputs in a copy (the round may not run them)
-            offer = ([key], [spec], inputs if own else inputs.copy(), False, 0, 0)
-            self._settle(ms, ids, offer, headers)
+            mine = inputs if inputs is not array or slot >= 0 else array.copy()
+            self._settle(ms, ids, ([key], [spec], mine, slot >= 0, max(slot, 0), 0), headers)
             return True
-        incoming = np.frombuffer(handed_inputs(data, read_offer(data)[1]), inputs.dtype)
+        at = read_offer(their_data)[1]
+        if slot < 0:
+            incoming: Any = np.frombuffer(handed_inputs(their_data, at), inputs.dtype)
+        else:
+            incoming = ex.exchange_peer(comm, 1 if theirs & SLOT1 else 0, at, inputs.size,
+                                        inputs.dtype)
         if incoming.size != inputs.size:
-            raise HoraInternalError(f"{req.name}: rank {ms.comm.ranks[1 - ms.comm.rank]} of the "
-                                    f"set handed over {incoming.nbytes} bytes for {req.nbytes}")
+            raise HoraInternalError(f"{req.name}: rank {comm.ranks[1 - comm.rank]} of the set "
+                                    f"handed over {incoming.nbytes} bytes for {req.nbytes}")
         del ms.ready[key]
         self._touch(ms, ids)
         self.stats["responses"] += 1
-        self.stats["exchanged"] += 1
+        self.stats["exchanged" if slot < 0 else "exchanged_shared"] += 1
         self.stats["lane"] += 1
-        result = self.executor.exchanged(spec, entry, inputs, incoming, not own)
+        # never made over inputs that lie in the caller's array or in the slot
+        result = ex.exchanged(spec, entry, inputs, incoming, inputs is array or slot >= 0)
+        if slot >= 0:
+            ms.lent = None
+            self._done_reading(ms)
         del ms.table[key]
         entry.complete(result)
         return True
