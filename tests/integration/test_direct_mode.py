@@ -369,10 +369,8 @@ def test_inputs_exchanged_in_the_round_give_the_backends_bits(np_: int, count: i
         assert not bad, bad
         # 31 dtype and op cases plus 3 more, each exchanged twice or more
         assert int(out[way]) >= 2 * 34, out  # type: ignore[call-overload]
-        if np_ == 2:  # every one of them by the callers' lane
-            assert int(out["lane"]) >= 2 * 34, out  # type: ignore[call-overload]
-        else:
-            assert out["lane"] == 0, out
+        # every one of them by the callers' lanes (hora.core.handover)
+        assert int(out["lane"]) >= 2 * 34, out  # type: ignore[call-overload]
 
 
 def _split_group(rank: int) -> dict[str, object]:
@@ -413,7 +411,10 @@ def _lane_meets_other_rounds(rank: int) -> dict[str, object]:
     # in the header, and (400 KB) in an exchange slot of the set's shared arena
     xs = {"a": np.arange(300, dtype=np.float32) + rank, "b": np.full(40, rank + 1.0),
           "c": np.arange(100_000, dtype=np.float32) * (rank + 1)}
-    want = {"a": 2 * np.arange(300) + 1, "b": np.full(40, 3.0), "c": np.arange(100_000) * 3}
+    n = hvd.size()
+    ones = n * (n + 1) // 2  # the sum of rank + 1 over the ranks
+    want = {"a": n * np.arange(300) + ones - n, "b": np.full(40, ones),
+            "c": np.arange(100_000) * ones}
     ok = []
 
     def blocking(name: str) -> None:
@@ -437,16 +438,18 @@ def _lane_meets_other_rounds(rank: int) -> dict[str, object]:
 
 
 @pytest.mark.timeout(120)
-def test_the_lane_of_a_blocking_allreduce_meets_rounds_that_differ() -> None:
-    """A caller's blocking allreduce in a pair goes in one header, its inputs in it or in an
-    exchange slot, and is reduced with the other's when that header mirrors it (the lane,
-    hora.core.handover). Where the other member holds more, in another order, the round goes
-    on as any other: every result is right, on both."""
-    r0, r1 = run_ranks(_lane_meets_other_rounds, 2, timeout=90)
-    for out in (r0, r1):
+@pytest.mark.parametrize("np_", [2, 3])
+def test_the_lane_of_a_blocking_allreduce_meets_rounds_that_differ(np_: int) -> None:
+    """A caller's blocking allreduce goes in one header, its inputs in it (or, in a pair, in
+    an exchange slot), and is reduced with the others' when every other header mirrors it
+    (the lane, hora.core.handover). Where rank 1 holds more, in another order, the round goes
+    on as any other: every result is right, on every rank."""
+    r0, r1, *_ = results = run_ranks(_lane_meets_other_rounds, np_, timeout=90)
+    for out in results:
         assert out["ok"] is True, out
-        assert int(out["exchanged_shared"]) >= 10, out  # type: ignore[call-overload]
-    # the ten steps both block: both ranks' lanes, three times a step
-    assert int(r1["lane"]) >= 30, r1  # type: ignore[call-overload]
+        if np_ == 2:  # 400 KB through a slot (among more members, through the backend)
+            assert int(out["exchanged_shared"]) >= 10, out  # type: ignore[call-overload]
+    # the ten steps all block: every rank's lanes, three (two) times a step
+    assert int(r1["lane"]) >= (30 if np_ == 2 else 20), r1  # type: ignore[call-overload]
     # and the other ten: rank 0's lane saw [c, b, a] against its [a], and went on as a round
     assert int(r0["direct_rounds"]) > int(r0["lane"]), r0  # type: ignore[call-overload]

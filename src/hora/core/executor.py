@@ -387,14 +387,16 @@ class Executor:
             if len(parts) == 2:
                 results.append(self.exchanged(spec, entry, parts[me], parts[1 - me], shared))
             else:
-                results.append(self._reduced_in_order(spec, entry, parts))
+                results.append(self.reduced_in_order(spec, entry, parts))
             at += n
         self._act(names, None)
         return results
 
     @staticmethod
-    def _reduced_in_order(spec: TensorSpec, entry: TensorEntry,
-                          parts: list[np.ndarray]) -> np.ndarray:  # fmt: skip
+    def reduced_in_order(spec: TensorSpec, entry: TensorEntry,
+                         parts: list[np.ndarray]) -> np.ndarray:  # fmt: skip
+        """The result of an allreduce from every member's prescaled inputs (``parts``, in
+        member order), reduced in the order of the backend's recursive doubling: its bits."""
         req = spec.request
         out = np.empty_like(parts[0]) if entry.output is None else entry.output.reshape(-1)
         red = reducer(SUM if req.reduce_op == AVERAGE else req.reduce_op, req.dtype)

@@ -212,24 +212,26 @@ class HandOver:
                 headers: list[Header]) -> None: ...  # fmt: skip
 
     def _lane(self, ms: Any) -> bool:
-        """The steady state of a blocking allreduce in a pair, run by its caller: the one
-        tensor this member holds is a cached allreduce that one hand-over carries (in the
-        header, or in an exchange slot), so the round is that header and the other's. It is
-        the header :meth:`_offer` would make; when the other's mirrors it (the same one
+        """The steady state of a blocking allreduce, run by its caller: the one tensor this
+        member holds is a cached allreduce that one hand-over carries (in the header; in a
+        pair, or in an exchange slot), so the round is that header and the others'. It is
+        the header :meth:`_offer_data` would make; when every other's mirrors it (the same one
         tensor, handed over), the result is reduced here and the round is done, without the
         general round's lists, plans and offers; else the round goes on as any other
         (:meth:`_settle`). False, and nothing sent, when this is not that steady state (the
         caller then runs general rounds)."""
-        if (ms.comm.size != 2 or self.timeline is not None or len(ms.ready) != 1
+        comm = ms.comm
+        if (comm.size < 2 or self.timeline is not None or len(ms.ready) != 1
                 or len(ms.table) != 1 or ms.other or ms.barrier or ms.lent is not None):
             return False
         ((key, cid),) = ms.ready.items()
         spec, entry = ms.cache.get(cid), ms.table.get(key)
         if spec is None or entry is None or entry.array is None or entry.ready is not None:
             return False
-        req, ex, comm = spec.request, self.executor, ms.comm
-        if (req.op != OpType.ALLREDUCE or req.group_size > 1
-                or not ex.exchange_takes(comm, req.nbytes, 1)):
+        req, ex = spec.request, self.executor
+        if req.op != OpType.ALLREDUCE or req.group_size > 1 or not (
+                ex.exchange_takes(comm, req.nbytes, 1) if comm.size == 2
+                else ex.native and req.nbytes <= MANY_MAX_BYTES // (comm.size - 1)):
             return False
         array = entry.array.reshape(-1)
         slot = -1  # in the header
@@ -256,35 +258,55 @@ class HandOver:
             ms.slot, ms.offered = slot ^ 1, ms.offered + 1
             flags, data = SHARED | (SLOT1 if slot else 0), (_OFFER.pack(1, 0),)
         headers = self._exchange(ms, encode_header(ids, flags, *data), (flags, ids, b""))
-        theirs, their_ids, their_data = headers[1 - comm.rank]
-        if (their_ids != ids or theirs & ~SLOT1 != flags & ~SLOT1
-                or len(their_data) < _OFFER.size or read_offer(their_data)[0] != 1):
+        parts = self._mirrored(ms, ids, flags, inputs, headers)
+        if parts is None:
             # what _offer would have made: the inputs in a copy (the round may not run them)
             mine = inputs if inputs is not array or slot >= 0 else array.copy()
             self._settle(ms, ids, ([key], [spec], mine, slot >= 0, max(slot, 0), 0), headers)
             return True
-        at = read_offer(their_data)[1]
-        if slot < 0:
-            incoming: Any = np.frombuffer(handed_inputs(their_data, at), inputs.dtype)
-        else:
-            incoming = ex.exchange_peer(comm, 1 if theirs & SLOT1 else 0, at, inputs.size,
-                                        inputs.dtype)
-        if incoming.size != inputs.size:
-            raise HoraInternalError(f"{req.name}: rank {comm.ranks[1 - comm.rank]} of the set "
-                                    f"handed over {incoming.nbytes} bytes for {req.nbytes}")
         del ms.ready[key]
         self._touch(ms, ids)
         self.stats["responses"] += 1
         self.stats["exchanged" if slot < 0 else "exchanged_shared"] += 1
         self.stats["lane"] += 1
-        # never made over inputs that lie in the caller's array or in the slot
-        result = ex.exchanged(spec, entry, inputs, incoming, inputs is array or slot >= 0)
+        if comm.size > 2:
+            result = ex.reduced_in_order(spec, entry, parts)
+        else:  # never made over inputs that lie in the caller's array or in the slot
+            result = ex.exchanged(spec, entry, inputs, parts[1 - comm.rank],
+                                  inputs is array or slot >= 0)
         if slot >= 0:
             ms.lent = None
             self._done_reading(ms)
         del ms.table[key]
         entry.complete(result)
         return True
+
+    def _mirrored(self, ms: Any, ids: list[int], flags: int, inputs: np.ndarray,
+                  headers: list[Header]) -> list[np.ndarray] | None:  # fmt: skip
+        """Every member's inputs of the lane's one tensor, in member order (this member's
+        ``inputs`` among them), when every other's header hands over that tensor alone, as
+        this member's does (``flags``); None if one does not."""
+        comm = ms.comm
+        parts = []
+        for member, (theirs, their_ids, data) in enumerate(headers):
+            if member == comm.rank:
+                parts.append(inputs)
+                continue
+            if (their_ids != ids or theirs & ~SLOT1 != flags & ~SLOT1
+                    or len(data) < _OFFER.size or read_offer(data)[0] != 1):
+                return None
+            at = read_offer(data)[1]
+            if flags & SHARED:
+                got: np.ndarray = self.executor.exchange_peer(comm, 1 if theirs & SLOT1 else 0,
+                                                              at, inputs.size, inputs.dtype)
+            else:
+                got = np.frombuffer(handed_inputs(data, at), inputs.dtype)
+            if got.size != inputs.size:
+                raise HoraInternalError(
+                    f"rank {comm.ranks[member]} of the set handed over {got.nbytes} bytes of "
+                    f"tensor id {ids[0]} for {inputs.nbytes}")
+            parts.append(got)
+        return parts
 
     def _offer_data(self, ms: Member, ids: list[int]) -> tuple[Offer | None, int, tuple[Any, ...]]:
         """What this member's header hands over in a round: the offer (None: nothing), the
