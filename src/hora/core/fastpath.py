@@ -271,7 +271,6 @@ class DirectRounds(HandOver):
             if self.spin_yield:  # the backend's receives in this thread poll, yielding
                 yield_while_waiting(self.spin_s)
             try:
-                self._lane(ms)
                 while ms.direct.active and any(k in table for k in keys):
                     if self._closing or self._stop_requested:
                         break
@@ -331,6 +330,8 @@ class DirectRounds(HandOver):
 
     def _round(self, ms: MemberState) -> None:
         """One round: headers to and from every other member, then what all have ready."""
+        if self._lane(ms):  # the steady state of one allreduce
+            return
         self.stats["direct_rounds"] += 1
         ids = list(ms.ready.values())
         flags = OTHER if ms.other else (BARRIER if ms.barrier else 0)

@@ -212,14 +212,15 @@ class HandOver:
                 headers: list[Header]) -> None: ...  # fmt: skip
 
     def _lane(self, ms: Any) -> bool:
-        """The steady state of a blocking allreduce, run by its caller: the one tensor this
-        member holds is a cached allreduce that one hand-over carries (in the header; in a
-        pair, or in an exchange slot), so the round is that header and the others'. It is
+        """A round in the steady state of one allreduce at a time (a blocking call, its
+        caller's round; or one async op, the engine thread's): the one tensor this member
+        holds is a cached allreduce that one hand-over carries (in the header; in a pair, or
+        in an exchange slot), so the round is that header and the others'. It is
         the header :meth:`_offer_data` would make; when every other's mirrors it (the same one
         tensor, handed over), the result is reduced here and the round is done, without the
         general round's lists, plans and offers; else the round goes on as any other
         (:meth:`_settle`). False, and nothing sent, when this is not that steady state (the
-        caller then runs general rounds)."""
+        round is then a general one)."""
         comm = ms.comm
         if (comm.size < 2 or self.timeline is not None or len(ms.ready) != 1
                 or len(ms.table) != 1 or ms.other or ms.barrier or ms.lent is not None):
