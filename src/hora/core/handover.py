@@ -44,7 +44,7 @@ from __future__ import annotations
 import struct
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -120,6 +120,12 @@ def header_data(ids: int, count: int, inputs: np.ndarray) -> tuple[bytes, bytes,
     return _OFFER.pack(count, pad), bytes(pad), inputs.reshape(-1).view(np.uint8)
 
 
+def slot_offer(count: int, at: int) -> bytes:
+    """The data of a ``SHARED`` header that hands over the inputs of ``count`` tensors, from
+    byte ``at`` of the slot its flags name."""
+    return _OFFER.pack(count, at)
+
+
 def read_offer(data: Any) -> tuple[int, int]:
     """How many tensors' inputs a ``DATA`` or ``SHARED`` header's data hands over, and where
     they begin: their offset in the slot (``SHARED``), or the padding before them (``DATA``)."""
@@ -170,6 +176,35 @@ def whole_groups(specs: list[TensorSpec]) -> list[TensorSpec]:
         s for s in specs
         if s.request.group_size <= 1 or counts[s.request.group] >= s.request.group_size
     ]
+
+
+def mirrored(headers: Sequence[Header], me: int, ranks: Sequence[int], ids: list[int],
+             flags: int, inputs: np.ndarray,
+             peer_slot: Callable[[int, int], np.ndarray]) -> list[np.ndarray] | None:  # fmt: skip
+    """Every member's inputs of the lane's one tensor, in member order (``inputs``, this
+    member's, at ``me``), when every other member's header hands over that tensor alone, as
+    this member's does (``ids``, ``flags``); None if one does not. ``peer_slot(slot, at)``:
+    the other member's inputs in its exchange slot ``slot`` from byte ``at`` (``SHARED``).
+    ``ranks``: the members' ranks, for the error when one handed over a wrong size."""
+    parts = []
+    for member, (theirs, their_ids, data) in enumerate(headers):
+        if member == me:
+            parts.append(inputs)
+            continue
+        if (their_ids != ids or theirs & ~SLOT1 != flags & ~SLOT1
+                or len(data) < _OFFER.size or read_offer(data)[0] != 1):
+            return None
+        at = read_offer(data)[1]
+        if flags & SHARED:
+            got = peer_slot(1 if theirs & SLOT1 else 0, at)
+        else:
+            got = np.frombuffer(handed_inputs(data, at), inputs.dtype)
+        if got.size != inputs.size:
+            raise HoraInternalError(
+                f"rank {ranks[member]} of the set handed over {got.nbytes} bytes of tensor "
+                f"id {ids[0]} for {inputs.nbytes}")
+        parts.append(got)
+    return parts
 
 
 class _Limits(Protocol):
@@ -257,9 +292,11 @@ class HandOver:
             if slot != ms.slot:
                 self.stats["slot_reused"] += 1
             ms.slot, ms.offered = slot ^ 1, ms.offered + 1
-            flags, data = SHARED | (SLOT1 if slot else 0), (_OFFER.pack(1, 0),)
+            flags, data = SHARED | (SLOT1 if slot else 0), (slot_offer(1, 0),)
         headers = self._exchange(ms, encode_header(ids, flags, *data), (flags, ids, b""))
-        parts = self._mirrored(ms, ids, flags, inputs, headers)
+        parts = mirrored(headers, comm.rank, comm.ranks, ids, flags, inputs,
+                         lambda slot, at: ex.exchange_peer(comm, slot, at, inputs.size,
+                                                           inputs.dtype))
         if parts is None:
             # what _offer would have made: the inputs in a copy (the round may not run them)
             mine = inputs if inputs is not array or slot >= 0 else array.copy()
@@ -282,33 +319,6 @@ class HandOver:
         entry.complete(result)
         return True
 
-    def _mirrored(self, ms: Any, ids: list[int], flags: int, inputs: np.ndarray,
-                  headers: list[Header]) -> list[np.ndarray] | None:  # fmt: skip
-        """Every member's inputs of the lane's one tensor, in member order (this member's
-        ``inputs`` among them), when every other's header hands over that tensor alone, as
-        this member's does (``flags``); None if one does not."""
-        comm = ms.comm
-        parts = []
-        for member, (theirs, their_ids, data) in enumerate(headers):
-            if member == comm.rank:
-                parts.append(inputs)
-                continue
-            if (their_ids != ids or theirs & ~SLOT1 != flags & ~SLOT1
-                    or len(data) < _OFFER.size or read_offer(data)[0] != 1):
-                return None
-            at = read_offer(data)[1]
-            if flags & SHARED:
-                got: np.ndarray = self.executor.exchange_peer(comm, 1 if theirs & SLOT1 else 0,
-                                                              at, inputs.size, inputs.dtype)
-            else:
-                got = np.frombuffer(handed_inputs(data, at), inputs.dtype)
-            if got.size != inputs.size:
-                raise HoraInternalError(
-                    f"rank {comm.ranks[member]} of the set handed over {got.nbytes} bytes of "
-                    f"tensor id {ids[0]} for {inputs.nbytes}")
-            parts.append(got)
-        return parts
-
     def _offer_data(self, ms: Member, ids: list[int]) -> tuple[Offer | None, int, tuple[Any, ...]]:
         """What this member's header hands over in a round: the offer (None: nothing), the
         header's flags for it and the data that follows the ids (byte-like parts)."""
@@ -317,7 +327,7 @@ class HandOver:
             return None, 0, ()
         if offer[3]:  # in the shared arena
             ms.offered += 1
-            return offer, SHARED | (SLOT1 if offer[4] else 0), (_OFFER.pack(len(offer[1]),
+            return offer, SHARED | (SLOT1 if offer[4] else 0), (slot_offer(len(offer[1]),
                                                                            offer[5]),)
         return offer, DATA, header_data(len(ids), len(offer[1]), offer[2])
 

@@ -17,9 +17,20 @@ from hora.core.fastpath import (
     decode_header,
     encode_header,
 )
-from hora.core.handover import DATA, exchange_run, handed_inputs, header_data, read_offer
+from hora.core.handover import (
+    DATA,
+    SHARED,
+    SLOT1,
+    exchange_run,
+    handed_inputs,
+    header_data,
+    mirrored,
+    read_offer,
+    slot_offer,
+)
 from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
+from hora.errors import HoraInternalError
 
 
 def _ar(name: str, n: int = 4, **kw: Any) -> Request:
@@ -61,6 +72,57 @@ def test_handed_inputs_lie_aligned_in_the_header_received(ids: int, dtype: str) 
     assert (len(payload) - view.nbytes) % 8 == 0
     got = np.frombuffer(view, dtype)
     assert got.flags.aligned and np.array_equal(got, inputs)
+
+
+def _sent(ids: list[int], inputs: np.ndarray, count: int = 1, flags: int = DATA) -> Any:
+    """A header as another member sends it and this one decodes it."""
+    return decode_header(encode_header(ids, flags, *header_data(len(ids), count, inputs)), 1)
+
+
+def _no_slot(slot: int, at: int) -> np.ndarray:
+    raise AssertionError("a header hand-over read a slot")
+
+
+def test_the_lane_takes_every_members_inputs_when_every_header_mirrors_its_own() -> None:
+    mine = np.arange(6, dtype=np.float32)
+    others = [mine + 10, mine + 20]
+    headers = [_sent([4], others[0]), (DATA, [4], b""), _sent([4], others[1])]
+    parts = mirrored(headers, 1, [0, 1, 2], [4], DATA, mine, _no_slot)
+    assert parts is not None and parts[1] is mine
+    assert [p.tolist() for p in parts] == [others[0].tolist(), mine.tolist(), others[1].tolist()]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        _sent([5], np.zeros(6, np.float32)),  # another tensor
+        _sent([4, 5], np.zeros(12, np.float32), count=2),  # more than the one tensor
+        _sent([4, 5], np.zeros(6, np.float32)),  # it holds more (the first handed over)
+        (OTHER, [4], b""),  # it holds what a round cannot settle
+        (BARRIER, [], b""),
+        decode_header(encode_header([4], SHARED | SLOT1, slot_offer(1, 0)), 1),  # a slot
+    ],
+    ids=["other-tensor", "two-handed-over", "holds-more", "other", "barrier", "in-a-slot"],
+)
+def test_the_lane_goes_on_as_a_round_when_a_header_differs(header: Any) -> None:
+    mine = np.arange(6, dtype=np.float32)
+    assert mirrored([(DATA, [4], b""), header], 0, [0, 1], [4], DATA, mine, _no_slot) is None
+
+
+def test_the_lane_reads_a_slot_the_other_member_names() -> None:
+    mine, theirs = np.arange(4.0), np.arange(4.0) * 3
+    slots = {(1, 64): theirs}
+    header = decode_header(encode_header([2], SHARED | SLOT1, slot_offer(1, 64)), 0)
+    parts = mirrored([header, (SHARED, [2], b"")], 1, [3, 7], [2], SHARED, mine,
+                     lambda slot, at: slots[slot, at])
+    assert parts is not None and parts[0] is theirs and parts[1] is mine
+
+
+def test_the_lane_names_a_member_that_handed_over_the_wrong_size() -> None:
+    mine = np.arange(6, dtype=np.float32)
+    headers = [(DATA, [4], b""), _sent([4], np.zeros(5, np.float32))]
+    with pytest.raises(HoraInternalError, match="rank 9 .* 20 bytes of tensor id 4 for 24"):
+        mirrored(headers, 0, [3, 9], [4], DATA, mine, _no_slot)
 
 
 def test_malformed_header_names_the_peer() -> None:
