@@ -24,4 +24,5 @@ if [ "$WORKERS" -gt 1 ]; then XDIST=(-n "$WORKERS" --dist loadfile); fi
 hora_log "running the tests on $WORKERS worker(s): the unit tests, the conformance suite and the" \
   "integration tests (launcher, faults, TensorFlow, Spark, Ray, several hosts); about 28" \
   "minutes on two idle cores"
-hora_do "$PY" -m pytest -rs ${XDIST[@]+"${XDIST[@]}"} "$@"
+# the slowest tests are listed at the end: where to look when the run grows
+hora_do "$PY" -m pytest -rs --durations=20 ${XDIST[@]+"${XDIST[@]}"} "$@"
