@@ -218,7 +218,7 @@ def test_the_two_commands_use_one_project_venv(tmp_path) -> None:
     extras = next(c for c in commands if " -e ." in c)
     for extra in ("torch", "tensorflow", "dev", "spark", "ray"):
         assert extra in extras.split("[")[1]
-    assert commands[-1] == f"{venv}/bin/python -m pytest -rs -n 2 --dist loadfile -x"
+    assert commands[-1] == f"{venv}/bin/python -m pytest -rs --durations=20 -n 2 --dist loadfile -x"
 
 
 def test_a_venv_made_earlier_without_pip_is_kept_and_given_pip(tmp_path) -> None:
