@@ -51,7 +51,6 @@ import numpy as np
 
 from hora.backends.base import SetComm
 from hora.backends.native import MANY_MAX_BYTES
-from hora.collectives.reduce_ops import scale
 from hora.core.executor import EXCHANGE_MAX_BYTES, Executor, TensorEntry
 from hora.core.messages import OpType, TensorSpec
 from hora.core.response_cache import ResponseCache
@@ -191,10 +190,11 @@ def mirrored(headers: Sequence[Header], me: int, ranks: Sequence[int], ids: list
         if member == me:
             parts.append(inputs)
             continue
-        if (their_ids != ids or theirs & ~SLOT1 != flags & ~SLOT1
-                or len(data) < _OFFER.size or read_offer(data)[0] != 1):
+        if their_ids != ids or theirs & ~SLOT1 != flags & ~SLOT1 or len(data) < _OFFER.size:
             return None
-        at = read_offer(data)[1]
+        count, at = read_offer(data)
+        if count != 1:
+            return None
         if flags & SHARED:
             got = peer_slot(1 if theirs & SLOT1 else 0, at)
         else:
@@ -270,28 +270,22 @@ class HandOver:
                 else ex.native and req.nbytes <= MANY_MAX_BYTES // (comm.size - 1)):
             return False
         array = entry.array.reshape(-1)
-        slot = -1  # in the header
-        if req.nbytes <= EXCHANGE_MAX_BYTES:
-            inputs = array.copy() if req.prescale != 1.0 else array
-        else:
-            slot = self._free_slot(ms, req.nbytes)
-            view = ex.exchange_view(comm, slot, 0, array.size, array.dtype, comm.rank)
-            if view is None:
+        if req.nbytes <= EXCHANGE_MAX_BYTES and req.prescale == 1.0:
+            inputs, slot = array, -1  # in the header as they lie: no copy
+        else:  # prescaled in a copy, or in a slot, as the general offer lays them out
+            slot = self._free_slot(ms, req.nbytes) if req.nbytes > EXCHANGE_MAX_BYTES else 0
+            got = ex.exchange_input(comm, [spec], [entry], slot)
+            if got is None:
                 return False
-            inputs = view
-            np.copyto(inputs, array)
-        if inputs is not array:
-            scale(inputs, req.dtype, req.prescale)
+            inputs, slot = got[0], slot if got[1] else -1
         self.stats["direct_rounds"] += 1
         ids = [cid]
         data: tuple[Any, ...]
         if slot < 0:
             flags, data = DATA, header_data(1, 1, inputs)
         else:  # as _offer and _offer_data keep the books of a slot
-            ms.lent = Lent(slot, [entry], req.nbytes, inputs.dtype)
-            if slot != ms.slot:
-                self.stats["slot_reused"] += 1
-            ms.slot, ms.offered = slot ^ 1, ms.offered + 1
+            self._lend(ms, slot, [entry], inputs)
+            ms.offered += 1
             flags, data = SHARED | (SLOT1 if slot else 0), (slot_offer(1, 0),)
         headers = self._exchange(ms, encode_header(ids, flags, *data), (flags, ids, b""))
         parts = mirrored(headers, comm.rank, comm.ranks, ids, flags, inputs,
@@ -299,7 +293,7 @@ class HandOver:
                                                            inputs.dtype))
         if parts is None:
             # what _offer would have made: the inputs in a copy (the round may not run them)
-            mine = inputs if inputs is not array or slot >= 0 else array.copy()
+            mine = array.copy() if inputs is array else inputs
             self._settle(ms, ids, ([key], [spec], mine, slot >= 0, max(slot, 0), 0), headers)
             return True
         del ms.ready[key]
@@ -401,11 +395,18 @@ class HandOver:
         if got is None:
             return None
         if got[1]:
-            ms.lent = Lent(slot, entries, got[0].nbytes, got[0].dtype)
-            if slot != ms.slot:
-                self.stats["slot_reused"] += 1
-            ms.slot = slot ^ 1
+            self._lend(ms, slot, entries, got[0])
         return keys, run, got[0], got[1], slot, 0
+
+    def _lend(self, ms: Member, slot: int, entries: list[TensorEntry],
+              inputs: np.ndarray) -> None:  # fmt: skip
+        """``entries``' inputs now fill slot ``slot`` from its start (``inputs``), lent to the
+        other member until it takes them; the next fresh offer goes in the other slot unless
+        the other member is done with this one (:meth:`_free_slot`)."""
+        ms.lent = Lent(slot, entries, inputs.nbytes, inputs.dtype)
+        if slot != ms.slot:
+            self.stats["slot_reused"] += 1
+        ms.slot = slot ^ 1
 
     def _offer_many(self, ms: Member, ids: list[int]) -> Offer | None:
         """The inputs this member's header carries in a round of more than two members: those
