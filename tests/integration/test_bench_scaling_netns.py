@@ -38,3 +38,4 @@ def test_scaling_across_namespace_hosts_with_compression(tmp_path: Path) -> None
     assert plain > rows["native"]["grad_bytes"] / 2
     assert low_rank < plain / 2
     assert "native+powersgd-r1" in done.stdout
+    assert "link-bound step (ms)" in done.stdout  # the step the link's rate allows

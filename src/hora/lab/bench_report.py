@@ -24,6 +24,7 @@ from typing import Any
 from hora.lab import bench_plots, envreport, report
 from hora.lab.bench_results import Row, ScalingResult, config_key, derive
 from hora.lab.gpu_sampler import MIN_SAMPLES
+from hora.lab.netns import parse_rate
 
 Table = tuple[list[str], list[list[str]]]
 RESULTS = "results.json"
@@ -42,6 +43,9 @@ CSV_COLUMNS = [
 # (--netns): what the hosts' links sent per step, warm-up and timed steps alike
 LINK_COLUMNS = ["link_bytes_per_step"]
 LINK_HEADER = "MB/step on the links"
+# what the step would take if communication ran at the link's rate, not overlapped: this
+# configuration's own compute and update, plus one host's share of the link bytes at --link-rate
+BOUND_HEADER = "link-bound step (ms)"
 # added to the CSV and the lab's tables only when a configuration's GPUs were sampled
 GPU_COLUMNS = ["device", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_mem_max_mib", "gpu_samples",
                "gpu_sampled"]
@@ -102,14 +106,31 @@ def link_cell(r: Row) -> str:
     return "-" if sent is None else f"{sent / 1e6:.2f}"
 
 
+def link_bound_s(r: Row) -> float | None:
+    """A row's step if its hosts' links carried the bytes they sent at the link's rate with
+    nothing else in the way: compute, data and update as measured, plus one host's share of
+    the links' bytes per step at ``link_rate``. None where the row did not count them, or where
+    its communication ran inside its compute (DDP's backward: no wait phase of its own)."""
+    sent, rate = r.get("link_bytes_per_step"), r.get("link_rate")
+    if sent is None or rate is None or r.get("comm_share") is None:
+        return None
+    on_one_link = sent / r["servers"] * 8 / parse_rate(rate)
+    return float(r["compute_s"] + r["data_s"] + r["update_s"] + on_one_link)
+
+
+def _bound_cell(r: Row) -> str:
+    bound = link_bound_s(r)
+    return "-" if bound is None else f"{bound * 1e3:.1f}"
+
+
 def _lab_table(rows: Sequence[Row]) -> Table:
-    """The lab's headers and one line per row; the links' bytes per step when a row counted
-    them, GPU columns when a row was sampled."""
+    """The lab's headers and one line per row; the links' bytes per step and the step they
+    bound when a row counted them, GPU columns when a row was sampled."""
     linked, sampled = _linked(rows), _sampled(rows)
-    headers = [*LAB_HEADERS, *([LINK_HEADER] if linked else []), *(
+    headers = [*LAB_HEADERS, *([LINK_HEADER, BOUND_HEADER] if linked else []), *(
         ["GPU util mean / max", "GPU util samples", "GPU memory max (MiB)"] if sampled else [])]
-    body = [_lab_row(r) + ([link_cell(r)] if linked else []) + (_gpu_cells(r) if sampled else [])
-            for r in rows]  # fmt: skip
+    body = [_lab_row(r) + ([link_cell(r), _bound_cell(r)] if linked else [])
+            + (_gpu_cells(r) if sampled else []) for r in rows]  # fmt: skip
     return headers, body
 
 

@@ -147,13 +147,25 @@ def test_the_links_bytes_per_step_show_where_a_run_counted_them() -> None:
     CSV, with a note on what it averages; runs without the count have neither."""
     assert br.LINK_HEADER not in br.inter_table(ROWS, "cnn")[0]
     assert "link_bytes_per_step" not in br.to_csv(ROWS).splitlines()[0]
-    linked = [_row("mlp", "native", 2, 2, 0.2, link_bytes_per_step=27_850_000.0),
-              _row("mlp", "native+fp16", 2, 2, 0.15, link_bytes_per_step=14_400_000.0),
-              _row("mlp", "native", 1, 2, 0.1)]  # fmt: skip
-    headers, body = br.inter_table(linked, "mlp", ["native", "native+fp16"])
+    linked = [_row("mlp", "native", 2, 2, 0.2, link_bytes_per_step=27_850_000.0,
+                   link_rate="1gbit"),
+              _row("mlp", "native+fp16", 2, 2, 0.15, link_bytes_per_step=14_400_000.0,
+                   link_rate="500mbit"),
+              _row("mlp", "native", 1, 2, 0.1),
+              # DDP communicates inside backward: its compute holds the wait, no bound to give
+              _row("mlp", "ddp", 2, 2, 0.2, link_bytes_per_step=7e6, link_rate="1gbit",
+                   comm_share=None)]  # fmt: skip
+    headers, body = br.inter_table(linked, "mlp", ["native", "native+fp16", "ddp"])
     at = headers.index(br.LINK_HEADER)
-    assert [(r[0], r[1], r[at]) for r in body] == [
-        ("native", "1", "-"), ("native", "2", "27.85"), ("native+fp16", "2", "14.40")]
+    assert headers[at + 1] == br.BOUND_HEADER
+    # compute and update (70% of the step) plus one host's half of the bytes at the link's rate
+    assert [(r[0], r[1], r[at], r[at + 1]) for r in body] == [
+        ("native", "1", "-", "-"),
+        ("native", "2", "27.85", f"{0.14e3 + 13.925e6 * 8 / 1e9 * 1e3:.1f}"),
+        ("native+fp16", "2", "14.40", f"{0.105e3 + 7.2e6 * 8 / 5e8 * 1e3:.1f}"),
+        ("ddp", "2", "7.00", "-"),
+    ]
+    assert br.link_bound_s(linked[0]) == pytest.approx(0.14 + 0.1114)
     csv_rows = br.to_csv(linked).splitlines()
     assert csv_rows[0].endswith(",link_bytes_per_step") and csv_rows[1].endswith(",27850000.0")
     text = br.render_text(_result(linked))
