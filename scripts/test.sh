@@ -42,8 +42,7 @@ if [ -n "$mypy_pid" ]; then
   mypy_status=0
   wait "$mypy_pid" || mypy_status=$?
   mypy_pid=
-  echo "mypy: $(cat "$mypy_log")"
-  rm -f "$mypy_log"
+  echo "mypy: $(cat "$mypy_log")"  # the trap removes the log on the way out
   if [ "$mypy_status" != 0 ]; then
     hora_log "mypy found type errors (above): the run fails"
     status=1

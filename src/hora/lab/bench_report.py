@@ -43,8 +43,7 @@ CSV_COLUMNS = [
 # (--netns): what the hosts' links sent per step, warm-up and timed steps alike
 LINK_COLUMNS = ["link_bytes_per_step"]
 LINK_HEADER = "MB/step on the links"
-# what the step would take if communication ran at the link's rate, not overlapped: this
-# configuration's own compute and update, plus one host's share of the link bytes at --link-rate
+# beside it: the step those bytes allow at --link-rate (link_bound_s)
 BOUND_HEADER = "link-bound step (ms)"
 # added to the CSV and the lab's tables only when a configuration's GPUs were sampled
 GPU_COLUMNS = ["device", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_mem_max_mib", "gpu_samples",
