@@ -59,7 +59,8 @@ def test_a_host_torn_down_mid_training_is_dropped_and_training_goes_on(
             pytest.fail("the job did not reach step 5: " + (proc.communicate()[0] or "")[-4000:])
         cluster.take_down("hostB")
         # the survivors notice the vanished host through keepalive (about 8 s) or, with data in
-        # flight to it, TCP_USER_TIMEOUT (60 s), then re-form without it
+        # flight to it, the transport's watch (10 s without an acknowledgement,
+        # hora.transport.tcp.liveness), then re-form without it
         out, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -190,37 +191,51 @@ def test_large_isend_finishes_in_background_in_order(pairs: tuple[TcpPair, TcpPa
 def test_a_peer_that_stops_reading_for_12_s_keeps_the_connection() -> None:
     """A paused rank (SIGSTOP) still has a kernel that acknowledges probes but a shut receive
     window; Linux counts that against TCP_USER_TIMEOUT, so the timeout must outlast such pauses
-    (the old 10 s broke connections whose peer was stopped for 25 s)."""
+    (the old 10 s broke connections whose peer was stopped for 25 s). Nor does the transport's
+    watch for vanished hosts (hora.transport.tcp.liveness, here after 1 s of silence) take the
+    paused peer for one: nothing stays unacknowledged."""
+    from hora.transport.tcp.liveness import AckWatch
     from hora.transport.tcp.wire import configure
 
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen(1)
-        sender = socket.create_connection(srv.getsockname())
-        receiver, _ = srv.accept()
-    with sender, receiver:
-        configure(sender)
-        payload = b"x" * (64 << 20)  # far more than both socket buffers hold
-        outcome: list[BaseException | None] = []
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+    configure(a)
+    left, right = TcpPair(a, 1, DATA), TcpPair(b, 0, DATA)
+    watch = AckWatch(lambda: [left, right], "test-watch", silence_s=1.0, check_s=0.1)
+    watch.start()
+    payload = b"x" * (64 << 20)  # far more than both socket buffers hold
+    outcome: list[BaseException | None] = []
 
-        def send() -> None:
-            try:
-                sender.sendall(payload)
-                outcome.append(None)
-            except BaseException as e:  # noqa: BLE001 - reported by the assertion below
-                outcome.append(e)
+    def send() -> None:
+        try:
+            left.send(payload)
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            outcome.append(e)
 
-        thread = threading.Thread(target=send, daemon=True)
+    thread = threading.Thread(target=send, daemon=True)
+    try:
         thread.start()
-        thread.join(12.0)  # the receiver reads nothing for 12 s: the window stays shut
-        assert not outcome or outcome[0] is None, f"the connection broke: {outcome[0]!r}"
-        got = 0
-        while got < len(payload):
-            chunk = receiver.recv(1 << 20)
-            assert chunk, "the connection closed"
-            got += len(chunk)
+        silences = []
+        for _ in range(60):  # the receiver reads nothing for 12 s: the window stays shut
+            time.sleep(0.2)
+            silences.append(left.unacked_silence())
+        assert not outcome and not left.closed, f"the connection broke: {outcome}"
+        assert all(s is None or s < 1.0 for s in silences), silences
+        got = bytearray(len(payload))
+        right.recv_into(got)
         thread.join(10.0)
         assert outcome == [None]
+        assert got == payload
+        time.sleep(0.2)  # the last acknowledgement comes back: nothing is in flight
+        assert left.unacked_silence() is None
+    finally:
+        watch.stop()
+        left.close()
+        right.close()
 
 
 def test_recv_exact_reads_a_message_sent_in_pieces_and_reports_an_early_close() -> None:

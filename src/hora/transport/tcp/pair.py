@@ -20,6 +20,7 @@ from hora.errors import TransportError
 from hora.transport import tally
 from hora.transport.base import CONTROL, DATA, MAX_MESSAGE, Buffer
 from hora.transport.lanes import Completion, Lane
+from hora.transport.tcp.liveness import unacked_silence
 from hora.transport.tcp.wire import (
     DATA_FRAME,
     FRAME_NAMES,
@@ -138,6 +139,18 @@ class TcpPair:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def unacked_silence(self) -> float | None:
+        """Seconds since the peer's host last acknowledged anything, while data sent to it
+        is unacknowledged; None when none is (:mod:`hora.transport.tcp.liveness`). Any
+        thread."""
+        return unacked_silence(self._sock)
+
+    def abort(self, reason: str) -> None:
+        """Fail the connection because of ``reason`` (words about its peer): every blocked
+        and later operation raises TransportError naming the peer and the reason. Any
+        thread."""
+        self._fail(f"connection to {self._what} failed: {reason}")
 
     # -- frame I/O (engine thread or the pair's lane threads) --------------------------------
 

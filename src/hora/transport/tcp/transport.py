@@ -27,6 +27,7 @@ from hora.transport.base import CONTROL, DATA
 from hora.transport.endpoint import Endpoint, get_within
 from hora.transport.listener import HANDSHAKE_DEADLINE_S
 from hora.transport.tcp.auth import connect_handshake
+from hora.transport.tcp.liveness import AckWatch
 from hora.transport.tcp.pair import TcpPair
 from hora.transport.tcp.wire import configure
 
@@ -102,6 +103,9 @@ class TcpTransport(Endpoint):
         listener = socket.create_server(("0.0.0.0" if listen_any else host, 0), backlog=128)
         self._address = (host, int(listener.getsockname()[1]))
         self._listen(listener, f"hora-tcp-accept-{rank}")
+        # fails a connection whose peer's host vanished with data in flight (tcp.liveness)
+        self._watch = AckWatch(self._open_pairs, f"hora-tcp-watch-{rank}")
+        self._watch.start()
         try:
             store.set(self._addr_key(rank), f"{host}:{self._address[1]}".encode())
         except BaseException:
@@ -111,6 +115,14 @@ class TcpTransport(Endpoint):
     @property
     def listen_address(self) -> tuple[str, int]:
         return self._address
+
+    def _open_pairs(self) -> list[TcpPair]:
+        with self._lock:
+            return list(self._pairs.values())
+
+    def close(self) -> None:
+        self._watch.stop()
+        super().close()
 
     def _addr_key(self, rank: int) -> str:
         return f"{self._prefix}/addr/{rank}"

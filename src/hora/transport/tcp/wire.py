@@ -28,7 +28,8 @@ KEEPALIVE_COUNT = 3
 # connection fails. Linux counts a zero window against it even while the peer's kernel answers
 # every probe, so this is also the longest a peer may stop reading (SIGSTOP, a debugger, a swap
 # storm) and still resume: a minute, past the 25-40 s pauses a job must survive. Idle
-# connections to a vanished host still fail within seconds, through the keepalive probes.
+# connections to a vanished host still fail within seconds, through the keepalive probes, and
+# connections with data in flight to it through hora.transport.tcp.liveness.
 USER_TIMEOUT_MS = 60_000
 
 
@@ -36,7 +37,8 @@ def configure(sock: socket.socket) -> None:
     """Low latency and fast dead-peer detection: TCP_NODELAY plus short keepalive probes.
 
     An idle connection to a vanished host fails after about ``2 + 2 * 3`` seconds; unacknowledged
-    data, or a peer that stops reading, fails after ``USER_TIMEOUT_MS`` (a minute).
+    data, or a peer that stops reading, fails after ``USER_TIMEOUT_MS`` (a minute), unless the
+    transport's watch (:mod:`hora.transport.tcp.liveness`) fails it first.
     """
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

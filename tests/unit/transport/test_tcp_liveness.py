@@ -1,0 +1,82 @@
+"""Telling a vanished host from a paused peer (hora.transport.tcp.liveness), on real sockets.
+
+A vanished host is made by taking the loopback link down inside a network namespace of its
+own (root only; skipped elsewhere, with the reason): the kernel then retransmits unacknowledged
+data into nothing, as it does toward a host that is gone, and the watch fails the connection
+with its own words long before ``TCP_USER_TIMEOUT`` would. A paused reader, whose kernel keeps
+acknowledging, is not taken for a vanished host: test_tcp_pair's 12 s pause runs the watch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+_VANISHED = textwrap.dedent(
+    """
+    import socket, subprocess, sys, time
+    from hora.errors import TransportError
+    from hora.transport.base import DATA
+    from hora.transport.tcp import TcpPair
+    from hora.transport.tcp.liveness import AckWatch
+    from hora.transport.tcp.wire import configure
+
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+    configure(a)
+    configure(b)
+    left, right = TcpPair(a, 1, DATA), TcpPair(b, 0, DATA)
+    left.send_msg(b"hello")
+    assert right.recv_msg() == b"hello"
+    watch = AckWatch(lambda: [left, right], "test-watch", silence_s=1.0, check_s=0.2)
+    watch.start()
+    subprocess.run(["ip", "link", "set", "lo", "down"], check=True)  # the host vanishes
+    start = time.monotonic()
+    try:
+        left.send(b"x" * (8 << 20))
+    except TransportError as e:
+        print(f"RAISED after {time.monotonic() - start:.1f} s: {e}")
+        sys.exit(0)
+    print("the send finished")
+    sys.exit(1)
+    """
+)
+
+
+def _netns_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "ip (iproute2) is not installed"
+    return None
+
+
+@pytest.mark.skipif(_netns_reason() is not None, reason=str(_netns_reason()))
+def test_a_vanished_host_fails_the_connection_with_the_reason() -> None:
+    """Inside a namespace of its own, the link goes down under a send of 8 MiB: the send
+    raises the watch's error (not TCP_USER_TIMEOUT's, a minute later), naming the peer."""
+    name = f"hora-liveness-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        done = subprocess.run(
+            ["ip", "netns", "exec", name, sys.executable, "-c", _VANISHED],
+            capture_output=True, text=True, timeout=45,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "RAISED" in out and "connection to rank 1 (data channel)" in out, out
+    assert "no acknowledgement from its host" in out, out
