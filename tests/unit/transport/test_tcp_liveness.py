@@ -17,6 +17,8 @@ import textwrap
 
 import pytest
 
+from hora.transport.tcp.liveness import AckWatch
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -80,3 +82,34 @@ def test_a_vanished_host_fails_the_connection_with_the_reason() -> None:
     assert done.returncode == 0, out
     assert "RAISED" in out and "connection to rank 1 (data channel)" in out, out
     assert "no acknowledgement from its host" in out, out
+
+
+class _ScriptedConnection:
+    """A fake connection whose silences follow a script: the clock jump of a machine back from
+    a suspension cannot be made here (its kernel retransmits at once on resume, and the
+    acknowledgement comes before the next look)."""
+
+    def __init__(self, silences: list[float | None]) -> None:
+        self.silences = silences
+        self.closed = False
+        self.reasons: list[str] = []
+
+    def unacked_silence(self) -> float | None:
+        return self.silences.pop(0)
+
+    def abort(self, reason: str) -> None:
+        self.reasons.append(reason)
+        self.closed = True
+
+
+def test_one_silent_look_is_not_enough_two_in_a_row_are() -> None:
+    resumed = _ScriptedConnection([15.0, None, 0.1, 12.0, 0.2])  # acknowledged after each
+    vanished = _ScriptedConnection([10.0, 11.0])
+    watch = AckWatch(lambda: [resumed, vanished], "test-watch", silence_s=10.0)
+    for _ in range(5):
+        watch.check()
+    assert resumed.reasons == [] and not resumed.closed
+    assert (
+        len(vanished.reasons) == 1
+        and "no acknowledgement from its host for 11 s" in (vanished.reasons[0])
+    )

@@ -10,18 +10,18 @@ same thread) must survive.
 
 The two look different in ``TCP_INFO``. A live peer's kernel acknowledges every segment that
 arrives, and answers every probe of a shut window, however long its process does not read:
-nothing stays unacknowledged and the last acknowledgement is at most one probe interval old.
-A vanished host acknowledges nothing: segments stay unacknowledged and the last
-acknowledgement only ages. :class:`AckWatch` looks at every open connection of a transport
-once a second (:data:`CHECK_S`) and fails one that has had data unacknowledged and no
-acknowledgement at all for :data:`SILENCE_S` seconds, with an error that says so; the blocked
-send or receive on it raises that error at once (:meth:`hora.transport.tcp.pair.TcpPair.abort`).
-The job then learns of the vanished host in about ten seconds, as it does of an idle
-connection's through keepalive, instead of a minute.
+nothing it was sent stays unacknowledged. A vanished host acknowledges nothing: segments stay
+unacknowledged and the last acknowledgement only ages. :class:`AckWatch` looks at every open
+connection of a transport once a second (:data:`CHECK_S`) and fails one that has had data
+unacknowledged and no acknowledgement at all for :data:`SILENCE_S` seconds at two looks in a
+row, with an error that says so; the blocked send or receive on it raises that error at once
+(:meth:`hora.transport.tcp.pair.TcpPair.abort`). The job then learns of the vanished host in
+11-12 seconds, about as soon as it does of an idle connection's through keepalive, instead of
+a minute.
 
 Where ``TCP_INFO`` cannot be read (not Linux) the watch does nothing and the minute holds.
 
-Runs a daemon thread per transport, started with its first connection; thread-safe.
+Runs a daemon thread per transport, from its start to its close; thread-safe.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class AckWatch:
         self._silence_s = silence_s
         self._check_s = check_s
         self._stopped = threading.Event()
+        self._suspects: set[int] = set()  # the connections silent at the last look
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -95,16 +96,26 @@ class AckWatch:
         self._stopped.set()
 
     def check(self) -> None:
-        """One look at every connection (what the thread does every ``check_s``)."""
+        """One look at every connection (what the thread does every ``check_s``). A connection
+        fails when it was silent that long at two looks in a row: a machine that was suspended
+        (a virtual machine paused, a laptop asleep) comes back with every clock ahead and every
+        acknowledgement late, and then its retransmission, sent at once, is acknowledged
+        before the next look."""
+        suspects = set()
         for pair in self._pairs():
             if pair.closed:
                 continue
             silent = pair.unacked_silence()
-            if silent is not None and silent >= self._silence_s:
-                pair.abort(
-                    f"no acknowledgement from its host for {silent:.0f} s with data in flight "
-                    f"(the host is down, or unreachable on the network)"
-                )
+            if silent is None or silent < self._silence_s:
+                continue
+            if id(pair) not in self._suspects:
+                suspects.add(id(pair))
+                continue
+            pair.abort(
+                f"no acknowledgement from its host for {silent:.0f} s with data in flight "
+                f"(the host is down, or unreachable on the network)"
+            )
+        self._suspects = suspects
 
     def _run(self) -> None:
         while not self._stopped.wait(self._check_s):
