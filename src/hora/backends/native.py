@@ -50,15 +50,20 @@ ARENA_BYTES = 128 << 20
 MAPPED_MIN_BYTES = 64 << 10
 MANY_MAX_BYTES = 64 << 10
 MAPPED_MAX_BYTES = 8 << 20
-# Where the set's pairs cannot read single-copy (Yama's ptrace_scope=1, HORA_SHM_SINGLE_COPY=0)
-# a larger single buffer goes through the arena too, in segments of this many bytes, rather
-# than through the pairs' staging slots (docs/shm.md, "Without single-copy reads"). A segment's
-# buffer, part and the others' parts then stay in the caches: on an idle machine, segment
-# sizes taking turns call by call in one job, medians in ms, 4 / 8 / 16 MiB segments: np=2
-# 16 MiB 4.0-4.1 / 4.6-4.7 / 5.9, 64 MiB 14.7-15.4 / 15.7-16.3 / 20.5-22.7 (2 and 3 MiB as
-# fast as 4, 1 and 6 MiB slower); np=3 16 MiB 11.8 / 13.3 / 13.4, 64 MiB 47.7 / 57.2 / 59.6;
-# np=4 16 MiB 15.6-15.8 / 17.4-18.9 / 17.7-19.2, 64 MiB 59.8-76.4 / 66.6-82.7 / 70.5-81.8.
-STAGED_SEGMENT_BYTES = 4 << 20
+# A single buffer goes through the arena in segments of this many bytes, one after another (two
+# signals each); where the set's pairs cannot read single-copy (Yama's ptrace_scope=1,
+# HORA_SHM_SINGLE_COPY=0), so does one above MAPPED_MAX_BYTES, rather than through the pairs'
+# staging slots (docs/shm.md, "Without single-copy reads"). A segment's buffer, part and the
+# others' parts then stay in the caches. Segment sizes taking turns block by block in one job
+# (2-core VM, medians in ms, one segment of the whole buffer / 2 MiB segments): np=2 4 MiB
+# 0.87 / 0.85 and 1.17 / 1.14, 8 MiB 2.36 / 2.05 and 2.91 / 2.31; np=4 4 MiB 5.4 / 4.8, 8 MiB
+# 9.9 / 7.9; np=3 alike. Without single-copy reads, 4 / 2 MiB segments: np=2 8 MiB 2.78 / 2.29
+# and 2.91 / 2.35, 16 MiB 4.58 / 4.51, 64 MiB 17.5 / 17.2 and 16.9 / 16.5; np=4 16 MiB 15.4 /
+# 13.5. 1 MiB segments are slower (np=2 8 MiB 2.49 against 2.40; np=4 15.6 against 8.9: twice
+# the signals among ranks that share cores). Earlier, on an idle machine, 4 / 8 / 16 MiB
+# segments: np=2 16 MiB 4.0-4.1 / 4.6-4.7 / 5.9, 64 MiB 14.7-15.4 / 15.7-16.3 / 20.5-22.7;
+# np=3 16 MiB 11.8 / 13.3 / 13.4, 64 MiB 47.7 / 57.2 / 59.6.
+STAGED_SEGMENT_BYTES = 2 << 20
 # Direct mode's two exchange slots (exchange_slot): a two-member allreduce (or a run of them)
 # up to this size is handed over through them, one exchange of headers (hora.core.handover);
 # a larger one runs here, fused, with single-copy reads. Back to back, np=2, the two ways
@@ -130,12 +135,11 @@ class NativeBackend:
             least = MANY_MAX_BYTES // (comm.size - 1)
         if views is None and buf.nbytes > least:
             arena = self._arena(comm)
-            if arena is not None and buf.nbytes <= min(MAPPED_MAX_BYTES, arena.nbytes):
-                staged = arena.region(0, buf.nbytes, buf.dtype)
-            elif arena is not None and not arena.pulls:
+            if arena is not None and (buf.nbytes <= MAPPED_MAX_BYTES or not arena.pulls):
                 step = min(buf.nbytes, STAGED_SEGMENT_BYTES, arena.nbytes)
-                unit = buf.itemsize * comm.size  # whole segments split evenly among members
-                staged = arena.region(0, step - step % unit, buf.dtype)
+                if step < buf.nbytes:  # whole segments split evenly among members
+                    step -= step % (buf.itemsize * comm.size)
+                staged = arena.region(0, step, buf.dtype)
         if views is None and staged is None:
             # host-aware: shared memory inside a host, hierarchical across hosts, else flat
             hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
