@@ -13,7 +13,8 @@ import pytest
 
 from harness import run_ranks
 
-# 4 KiB (one exchange), 400 KB (staged through the arena), 12 MB (reduced where it lies)
+# 4 KiB (one exchange), 400 KB (staged through the arena), 12 MB (reduced where it lies; between
+# two ranks, through the arena up to 16 MiB, so only the float64 case's 24 MB lies where it is)
 COUNTS = (1_000, 100_003, 3_000_017)
 
 

@@ -111,8 +111,9 @@ def _large(rank: int) -> dict[str, Any]:
             if not ok:
                 bad.append(f"{dtype} {name}")
             digest.update(np.ascontiguousarray(got).tobytes())
-    # in place: 5 MiB through the shared arena, 9 and 17 MiB read where they lie (single
-    # copy), or without single-copy reads through the arena in one and two segments
+    # in place: 5 MiB through the shared arena, 9 MiB read where it lies (single copy) among
+    # three ranks and through the arena between two, 17 MiB read where it lies; without
+    # single-copy reads, all through the arena in 2 MiB segments
     for mib in (5, 9, 17):
         ramp = (np.arange(mib * (1 << 18) + 3) % 1_000_003).astype(np.float32)  # sums exact
         big = ramp * (rank + 1)

@@ -39,9 +39,10 @@ ARENA_BYTES = 128 << 20
 # A single buffer above MAPPED_MIN_BYTES and up to MAPPED_MAX_BYTES is reduced through the
 # arena (one copy in, the others' blocks copied out) rather than with single-copy reads:
 # measured at np=2 on one host, 0.38-0.96 of the time from 80 KiB to 8 MiB; at 12-16 MiB
-# single-copy reads are faster (1.12-1.53x), the copies costing more than the system calls
-# they save. Up to 64 KiB the small-message path (or, in direct mode, the round's headers)
-# takes one exchange. In a set of n > 2 members whose signals go through the arena's words
+# single-copy reads were faster (1.12-1.53x) than the arena in one segment, the copies costing
+# more than the system calls they save (in segments the arena is ahead there: see
+# PAIR_MAPPED_MAX_BYTES). Up to 64 KiB the small-message path (or, in direct mode, the round's
+# headers) takes one exchange. In a set of n > 2 members whose signals go through the arena's words
 # (hora.collectives.allreduce_mapped) the arena takes a buffer from MANY_MAX_BYTES / (n - 1):
 # the small-message path is log2(n) exchanges on the pairs there. np=4 on 2 cores, alternating
 # runs: 32 KiB 0.66-0.67 ms against 0.89-0.99, 64 KiB 0.62-0.72 against 0.92-0.99. Smaller
@@ -50,6 +51,14 @@ ARENA_BYTES = 128 << 20
 MAPPED_MIN_BYTES = 64 << 10
 MANY_MAX_BYTES = 64 << 10
 MAPPED_MAX_BYTES = 8 << 20
+# In a set of two, through the arena in STAGED_SEGMENT_BYTES segments up to this size: there
+# the segments beat the single-copy reads to 16 MiB and more. The two ways taking turns block by
+# block in one job (2-core VM, medians in ms, single-copy reads / arena): 12 MiB 4.95 / 4.06,
+# 4.72 / 3.84, 3.64 / 3.41; 16 MiB 5.54 / 4.94, 5.63 / 5.03, 5.09 / 4.52; 20 MiB 6.07 / 5.93;
+# 24 MiB 7.09 / 6.49; 32 MiB 8.71 / 9.16, 9.72 / 9.34. (Among more members it varied with the
+# count on this 2-core machine, whose ranks then share cores: np=3 12-32 MiB 0.80-0.88x, np=4
+# 1.35-1.53x; left at MAPPED_MAX_BYTES until measured with a core per rank.)
+PAIR_MAPPED_MAX_BYTES = 16 << 20
 # A single buffer goes through the arena in segments of this many bytes, one after another (two
 # signals each); where the set's pairs cannot read single-copy (Yama's ptrace_scope=1,
 # HORA_SHM_SINGLE_COPY=0), so does one above MAPPED_MAX_BYTES, rather than through the pairs'
@@ -135,7 +144,8 @@ class NativeBackend:
             least = MANY_MAX_BYTES // (comm.size - 1)
         if views is None and buf.nbytes > least:
             arena = self._arena(comm)
-            if arena is not None and (buf.nbytes <= MAPPED_MAX_BYTES or not arena.pulls):
+            most = PAIR_MAPPED_MAX_BYTES if comm.size == 2 else MAPPED_MAX_BYTES
+            if arena is not None and (buf.nbytes <= most or not arena.pulls):
                 step = min(buf.nbytes, STAGED_SEGMENT_BYTES, arena.nbytes)
                 if step < buf.nbytes:  # whole segments split evenly among members
                     step -= step % (buf.itemsize * comm.size)

@@ -78,7 +78,6 @@ def _share(rank: int, refuse: int) -> dict[str, Any]:
 
     # one member cannot map the others' parts: nobody uses an arena, and the pairs still work
     if rank == refuse:
-
         def refuse_map(pid: int, fd: int, size: int) -> Any:
             raise OSError("refused for the test")
 
@@ -90,7 +89,6 @@ def _share(rank: int, refuse: int) -> dict[str, Any]:
     # one member's pids name other processes (as across pid namespaces): here it maps its
     # own part in their place, and the tokens show it; again nobody uses an arena
     if rank == refuse:
-
         def own_part(pid: int, fd: int, size: int) -> Any:
             import mmap
 
@@ -123,15 +121,8 @@ def test_every_member_maps_every_part_and_a_refusal_stops_all() -> None:
 
 
 CASES = [
-    ("float32", "sum"),
-    ("float64", "product"),
-    ("float16", "sum"),
-    ("bfloat16", "sum"),
-    ("int32", "min"),
-    ("int64", "max"),
-    ("uint8", "sum"),
-    ("int8", "product"),
-    ("bool", "max"),
+    ("float32", "sum"), ("float64", "product"), ("float16", "sum"), ("bfloat16", "sum"),
+    ("int32", "min"), ("int64", "max"), ("uint8", "sum"), ("int8", "product"), ("bool", "max"),
     ("bool", "min"),
 ]
 
