@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -24,26 +25,16 @@ pytestmark = pytest.mark.timeout(60)
 
 _VANISHED = textwrap.dedent(
     """
-    import socket, subprocess, sys, time
+    import subprocess, sys, time
     from hora.errors import TransportError
-    from hora.transport.base import DATA
-    from hora.transport.tcp import TcpPair
-    from hora.transport.tcp.liveness import AckWatch
-    from hora.transport.tcp.wire import configure
 
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        a = socket.create_connection(srv.getsockname())
-        b, _ = srv.accept()
-    configure(a)
-    configure(b)
-    left, right = TcpPair(a, 1, DATA), TcpPair(b, 0, DATA)
+    sys.path.insert(0, TESTS)
+    from tcp_loopback import watched_pairs
+
+    left, right, watch = watched_pairs(silence_s=1.0, check_s=0.2)
     left.send_msg(b"hello")
     assert right.recv_msg() == b"hello"
-    watch = AckWatch(lambda: [left, right], "test-watch", silence_s=1.0, check_s=0.2)
-    watch.start()
     subprocess.run(["ip", "link", "set", "lo", "down"], check=True)  # the host vanishes
     start = time.monotonic()
     try:
@@ -73,7 +64,8 @@ def test_a_vanished_host_fails_the_connection_with_the_reason() -> None:
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         done = subprocess.run(
-            ["ip", "netns", "exec", name, sys.executable, "-c", _VANISHED],
+            ["ip", "netns", "exec", name, sys.executable, "-c",
+             _VANISHED.replace("TESTS", repr(str(Path(__file__).parents[2])))],
             capture_output=True, text=True, timeout=45,
         )  # fmt: skip
     finally:

@@ -194,18 +194,9 @@ def test_a_peer_that_stops_reading_for_12_s_keeps_the_connection() -> None:
     (the old 10 s broke connections whose peer was stopped for 25 s). Nor does the transport's
     watch for vanished hosts (hora.transport.tcp.liveness, here after 1 s of silence) take the
     paused peer for one: nothing stays unacknowledged."""
-    from hora.transport.tcp.liveness import AckWatch
-    from hora.transport.tcp.wire import configure
+    from tcp_loopback import watched_pairs
 
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        a = socket.create_connection(srv.getsockname())
-        b, _ = srv.accept()
-    configure(a)
-    left, right = TcpPair(a, 1, DATA), TcpPair(b, 0, DATA)
-    watch = AckWatch(lambda: [left, right], "test-watch", silence_s=1.0, check_s=0.1)
-    watch.start()
+    left, right, watch = watched_pairs(silence_s=1.0, check_s=0.1)
     payload = b"x" * (64 << 20)  # far more than both socket buffers hold
     outcome: list[BaseException | None] = []
 
