@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -42,7 +43,8 @@ CHECK_S = 1.0  # seconds between two looks at the connections
 # struct tcp_info (linux/tcp.h): eight one-byte fields, then 32-bit ones, of which tcpi_unacked
 # is the fifth and tcpi_last_ack_recv (milliseconds) the thirteenth
 _INFO = struct.Struct("8x13I")
-_TCP_INFO = getattr(socket, "TCP_INFO", None)
+# the layout is Linux's: elsewhere the watch does nothing
+_TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
 
 
 def unacked_silence(sock: socket.socket) -> float | None:
