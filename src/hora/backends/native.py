@@ -66,12 +66,12 @@ PAIR_MAPPED_MAX_BYTES = 16 << 20
 # others' parts then stay in the caches. Segment sizes taking turns block by block in one job
 # (2-core VM, medians in ms, one segment of the whole buffer / 2 MiB segments): np=2 4 MiB
 # 0.87 / 0.85 and 1.17 / 1.14, 8 MiB 2.36 / 2.05 and 2.91 / 2.31; np=4 4 MiB 5.4 / 4.8, 8 MiB
-# 9.9 / 7.9; np=3 alike. Without single-copy reads, 4 / 2 MiB segments: np=2 8 MiB 2.78 / 2.29
-# and 2.91 / 2.35, 16 MiB 4.58 / 4.51, 64 MiB 17.5 / 17.2 and 16.9 / 16.5; np=4 16 MiB 15.4 /
-# 13.5. 1 MiB segments are slower (np=2 8 MiB 2.49 against 2.40; np=4 15.6 against 8.9: twice
-# the signals among ranks that share cores). Earlier, on an idle machine, 4 / 8 / 16 MiB
-# segments: np=2 16 MiB 4.0-4.1 / 4.6-4.7 / 5.9, 64 MiB 14.7-15.4 / 15.7-16.3 / 20.5-22.7;
-# np=3 16 MiB 11.8 / 13.3 / 13.4, 64 MiB 47.7 / 57.2 / 59.6.
+# 9.9 / 7.9; np=3 alike. Without single-copy reads, np=2 8 MiB 2.78 / 2.29 and 2.91 / 2.35;
+# above 8 MiB, 4 / 2 MiB segments: np=2 16 MiB 4.58 / 4.51, 64 MiB 17.5 / 17.2 and 16.9 /
+# 16.5; np=4 16 MiB 15.4 / 13.5. 1 MiB segments are slower (np=2 8 MiB 2.49 against 2.40;
+# np=4 15.6 against 8.9: twice the signals among ranks that share cores). Earlier, on an idle
+# machine, 4 / 8 / 16 MiB segments: np=2 16 MiB 4.0-4.1 / 4.6-4.7 / 5.9, 64 MiB 14.7-15.4 /
+# 15.7-16.3 / 20.5-22.7; np=3 16 MiB 11.8 / 13.3 / 13.4, 64 MiB 47.7 / 57.2 / 59.6.
 STAGED_SEGMENT_BYTES = 2 << 20
 # Direct mode's two exchange slots (exchange_slot): a two-member allreduce (or a run of them)
 # up to this size is handed over through them, one exchange of headers (hora.core.handover);
