@@ -10,7 +10,6 @@ acknowledging, is not taken for a vanished host: test_tcp_pair's 12 s pause runs
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from hora.lab.netns import unavailable_reason
 from hora.transport.tcp.liveness import AckWatch
 
 pytestmark = pytest.mark.timeout(60)
+_NO_NETNS = unavailable_reason()
 
 
 _VANISHED = textwrap.dedent(
@@ -48,15 +49,7 @@ _VANISHED = textwrap.dedent(
 )
 
 
-def _netns_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "ip (iproute2) is not installed"
-    return None
-
-
-@pytest.mark.skipif(_netns_reason() is not None, reason=str(_netns_reason()))
+@pytest.mark.skipif(_NO_NETNS is not None, reason=f"cannot make a network namespace: {_NO_NETNS}")
 def test_a_vanished_host_fails_the_connection_with_the_reason() -> None:
     """Inside a namespace of its own, the link goes down under a send of 8 MiB: the send
     raises the watch's error (not TCP_USER_TIMEOUT's, a minute later), naming the peer."""
