@@ -64,6 +64,36 @@ def test_steady_state_skips_the_coordinator(np_: int) -> None:
         assert out["exits"] <= 1, out
 
 
+def _small_only(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+    from hora.core import runtime
+
+    hvd.init()
+    x = np.arange(16, dtype=np.float32) + rank
+    engine = runtime.runtime().engine
+    got = [hvd.allreduce(x, op=hvd.Sum, name="x") for _ in range(30)]
+    ok = all(np.array_equal(g, 3 * np.arange(16) + 3) for g in got)
+    boxes = engine._mailboxes(engine.members[0]) is not None
+    rounds = engine.stats["direct_rounds"]
+    hvd.shutdown()
+    return {"ok": ok, "mailboxes": boxes, "rounds": rounds}
+
+
+@pytest.mark.timeout(90)
+def test_a_set_of_three_with_only_small_allreduces_rounds_through_mailboxes() -> None:
+    """No allreduce here fuses, or is large enough for the set's shared arena: entering direct
+    mode opens it, so the rounds' headers are written once each instead of sent on every
+    pair."""
+    from hora.transport.shm.arena import STORES_IN_ORDER
+
+    for out in run_ranks(_small_only, 3, timeout=60):
+        assert out["ok"], out
+        assert out["rounds"] >= 25, out
+        assert out["mailboxes"] == STORES_IN_ORDER, out
+
+
 def _off(rank: int) -> dict[str, int]:
     import numpy as np
 

@@ -213,6 +213,13 @@ class NativeBackend:
         arena = self._arenas.get(comm.process_set_id)
         return None if arena is None else arena.words()
 
+    def open_mailboxes(self, comm: SetComm) -> Mailboxes | None:
+        """The mailboxes of the set's shared arena, opening the arena (collectively: members
+        call this at the same point of the set's order) if it is not open yet; None where the
+        set has none (several hosts, no shared memory, members that could not map it)."""
+        self._arena(comm)
+        return self.mailboxes(comm)
+
     def mailboxes(self, comm: SetComm) -> Mailboxes | None:
         """The mailboxes of the set's shared arena (what a round's header goes through in a
         set of more than two members); None if the set has no arena open. Never opens one."""

@@ -341,6 +341,12 @@ class Executor:
         get = getattr(self.backend, "exchange_words", None)
         return get(comm) if get is not None else None
 
+    def open_mailboxes(self, comm: SetComm) -> Mailboxes | None:
+        """The mailboxes of the set's shared arena, which opens now if it is not open yet
+        (collective: every member calls this at the same point); None where there are none."""
+        get = getattr(self.backend, "open_mailboxes", None)
+        return get(comm) if get is not None else None
+
     def mailboxes(self, comm: SetComm) -> Mailboxes | None:
         """The mailboxes of the set's shared arena (hora.transport.shm.mailbox); None without
         an open arena."""

@@ -304,6 +304,11 @@ class DirectRounds(HandOver):
 
     def _enter_direct(self, ms: MemberState, threshold: int) -> None:
         ms.direct.enter(threshold)
+        if ms.comm.size >= MAILBOX_MIN_MEMBERS and STORES_IN_ORDER:
+            # the rounds' headers go through the set's mailboxes: its arena opens now if no
+            # allreduce large enough for it opened it before (every member enters direct mode
+            # at the same point of the set's order, as a collective runs)
+            self.executor.open_mailboxes(ms.comm)
         ms.sent = set(ms.table)  # asked of the coordinator before: a round cannot settle them
         ms.other = bool(ms.sent)
         ms.ready = {}
@@ -490,7 +495,8 @@ class DirectRounds(HandOver):
     def _mailboxes(self, ms: MemberState) -> Mailboxes | None:
         """The mailboxes a round's headers go through in this set; None: on the pairs. The
         same answer on every member at every round: the set's arena opens inside a
-        collective, between two rounds."""
+        collective, or as the set enters direct mode (:meth:`_enter_direct`), between two
+        rounds."""
         if ms.comm.size < MAILBOX_MIN_MEMBERS or not STORES_IN_ORDER:
             return None
         return self.executor.mailboxes(ms.comm)
