@@ -369,6 +369,7 @@ def _same_bits(rank: int, count: int) -> dict[str, object]:
     out["exchanged"] = after["exchanged"] - before["exchanged"]
     out["exchanged_shared"] = after["exchanged_shared"] - before["exchanged_shared"]
     out["lane"] = after["lane"] - before["lane"]
+    out["spread"] = after["spread"] - before["spread"]
     out["digest"] = digest.hexdigest()
     hvd.shutdown()
     return out
@@ -382,16 +383,21 @@ def _same_bits(rank: int, count: int) -> dict[str, object]:
         (2, 70_001, "exchanged_shared"),  # 70 KB to 560 KB: the shared arena
         (3, 300, "exchanged"),  # every member's inputs to every other, in the headers
         (4, 300, "exchanged"),
+        (3, 70_001, "spread"),  # staged in the shared arena ahead of the header
+        (4, 70_001, "spread"),
     ],
-    ids=["in-the-headers", "shared-arena", "np3-in-the-headers", "np4-in-the-headers"],
+    ids=["in-the-headers", "shared-arena", "np3-in-the-headers", "np4-in-the-headers",
+         "np3-staged-ahead", "np4-staged-ahead"],
 )
 def test_inputs_exchanged_in_the_round_give_the_backends_bits(np_: int, count: int,
                                                               way: str) -> None:  # fmt: skip
     """Two members: up to 64 KiB the inputs travel in the round's headers; above, on one
     host, through the set's shared arena (hora.backends.native.exchange_slot). More members:
     small inputs travel in the headers to every member, and each reduces them in the order of
-    the backend's recursive doubling. Either way the later results have the bits of the first,
-    which the backend made, on every rank."""
+    the backend's recursive doubling; larger ones each member stages in the shared arena
+    before its header, and the backend's steps go on from there once every header is in.
+    Either way the later results have the bits of the first, which the backend made, on every
+    rank (prescaled, in place, into a given output, bfloat16)."""
     results = run_ranks(_same_bits, np_, args=(count,), timeout=90)
     assert len({r["digest"] for r in results}) == 1  # the same bits on every rank
     for out in results:
@@ -464,7 +470,8 @@ def _lane_meets_other_rounds(rank: int) -> dict[str, object]:
     after = _stats()
     hvd.shutdown()
     return {"ok": all(ok) and len(ok) == 69,
-            **{k: after[k] - before[k] for k in ("lane", "direct_rounds", "exchanged_shared")}}
+            **{k: after[k] - before[k]
+               for k in ("lane", "direct_rounds", "exchanged_shared", "spread")}}
 
 
 @pytest.mark.timeout(120)
@@ -477,8 +484,10 @@ def test_the_lane_of_a_blocking_allreduce_meets_rounds_that_differ(np_: int) -> 
     r0, r1, *_ = results = run_ranks(_lane_meets_other_rounds, np_, timeout=90)
     for out in results:
         assert out["ok"] is True, out
-        if np_ == 2:  # 400 KB through a slot (among more members, through the backend)
+        if np_ == 2:  # 400 KB through a slot
             assert int(out["exchanged_shared"]) >= 10, out  # type: ignore[call-overload]
+        else:  # among more members, staged in the shared arena ahead of the header
+            assert int(out["spread"]) >= 10, out  # type: ignore[call-overload]
     # the ten steps all block: every rank's lanes, three (two) times a step
     assert int(r1["lane"]) >= (30 if np_ == 2 else 20), r1  # type: ignore[call-overload]
     # and the other ten: rank 0's lane saw [c, b, a] against its [a], and went on as a round

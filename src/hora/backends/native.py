@@ -12,7 +12,12 @@ import numpy as np
 
 from hora.backends.base import SetComm
 from hora.collectives import hierarchical, registry
-from hora.collectives.allreduce_mapped import allreduce_mapped, allreduce_staged
+from hora.collectives.allreduce_mapped import (
+    allreduce_mapped,
+    allreduce_staged,
+    stage_in,
+    staged_rest,
+)
 from hora.collectives.base import check_buffer
 from hora.collectives.reduce_ops import reducer_scaled, scale
 from hora.dtypes import storage_dtype
@@ -106,6 +111,26 @@ def _one_shared_host(comm: SetComm) -> bool:
     return comm.size > 1 and layout is not None and layout.shared and not layout.multi_host
 
 
+def _least_staged(comm: SetComm) -> int:
+    """The size above which a single buffer may go through the set's shared arena."""
+    if comm.size > 2 and STORES_IN_ORDER:
+        return MANY_MAX_BYTES // (comm.size - 1)
+    return MAPPED_MIN_BYTES
+
+
+def _staging(comm: SetComm, buf: np.ndarray, arena: Arena | None) -> list[np.ndarray] | None:
+    """Every member's part of ``arena`` laid out as the segment ``buf`` (above
+    :func:`_least_staged`) goes through it in; None where it does not go through it: no arena,
+    or too large where the pairs read single-copy."""
+    most = PAIR_MAPPED_MAX_BYTES if comm.size == 2 else MAPPED_MAX_BYTES
+    if arena is None or (buf.nbytes > most and arena.pulls):
+        return None
+    step = min(buf.nbytes, STAGED_SEGMENT_BYTES, arena.nbytes)
+    if step < buf.nbytes:  # whole segments split evenly among members
+        step -= step % (buf.itemsize * comm.size)
+    return arena.region(0, step, buf.dtype)
+
+
 class NativeBackend:
     name = "TCP"
     # hora's own data path: a two-member set in direct mode may move a small allreduce inside
@@ -139,17 +164,9 @@ class NativeBackend:
         arena = self._arenas.get(comm.process_set_id)
         views = arena.views(buf) if arena is not None else None  # the set's fusion buffer
         staged = None  # else a single buffer staged through the arena
-        least = MAPPED_MIN_BYTES
-        if comm.size > 2 and STORES_IN_ORDER:
-            least = MANY_MAX_BYTES // (comm.size - 1)
-        if views is None and buf.nbytes > least:
+        if views is None and buf.nbytes > _least_staged(comm):
             arena = self._arena(comm)
-            most = PAIR_MAPPED_MAX_BYTES if comm.size == 2 else MAPPED_MAX_BYTES
-            if arena is not None and (buf.nbytes <= most or not arena.pulls):
-                step = min(buf.nbytes, STAGED_SEGMENT_BYTES, arena.nbytes)
-                if step < buf.nbytes:  # whole segments split evenly among members
-                    step -= step % (buf.itemsize * comm.size)
-                staged = arena.region(0, step, buf.dtype)
+            staged = _staging(comm, buf, arena)
         if views is None and staged is None:
             # host-aware: shared memory inside a host, hierarchical across hosts, else flat
             hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
@@ -168,6 +185,40 @@ class NativeBackend:
         elif staged is not None:
             check_buffer(res, dtype)
             allreduce_staged(comm, buf, staged, red, out=out, words=words)
+        self.mapped += 1
+        scale(res, dtype, left)
+
+    def spread_takes(self, comm: SetComm, nbytes: int) -> bool:
+        """Whether, in a set of more than two members, :meth:`allreduce` stages a single
+        buffer of ``nbytes`` through the set's open shared arena (:meth:`spread_in` then may)."""
+        if comm.size < 3 or nbytes <= _least_staged(comm):
+            return False
+        arena = self._arenas.get(comm.process_set_id)
+        return arena is not None and (nbytes <= MAPPED_MAX_BYTES or not arena.pulls)
+
+    def spread_in(self, comm: SetComm, buf: np.ndarray) -> list[np.ndarray]:
+        """Where :meth:`spread_takes` says: the first segment of ``buf`` staged into this
+        member's part of the arena now, ahead of the signal that every member's is (a
+        direct-mode round's header: hora.core.handover); every member's segment of the arena,
+        for :meth:`spread_rest`."""
+        views = _staging(comm, buf, self._arenas[comm.process_set_id])
+        assert views is not None
+        stage_in(comm, buf[: views[0].size], views)
+        return views
+
+    def spread_rest(self, comm: SetComm, buf: np.ndarray, views: list[np.ndarray], dtype: str,
+                    op: int, out: np.ndarray | None = None, post: float = 1.0) -> None:  # fmt: skip
+        """The rest of :meth:`allreduce` of ``buf`` after :meth:`spread_in` (``views``) and the
+        signal that every member staged its first segment: the same steps, so the same bits."""
+        red, left = reducer_scaled(comm.size, op, dtype, post)
+        res = buf if out is None else out
+        check_buffer(res, dtype)
+        words = self._arenas[comm.process_set_id].words()  # type: ignore[union-attr]
+        k = views[0].size
+        staged_rest(comm, buf[:k], views, red, None if out is None else out[:k], words)
+        if k < buf.size:  # the other segments as allreduce_staged takes them
+            allreduce_staged(comm, buf[k:], views, red, out=None if out is None else out[k:],
+                             words=words)  # fmt: skip
         self.mapped += 1
         scale(res, dtype, left)
 

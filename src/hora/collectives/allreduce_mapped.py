@@ -86,18 +86,39 @@ def allreduce_staged(
 def _staged(comm: Comm, buf: np.ndarray, views: Sequence[np.ndarray], reduce: Reducer,
             out: np.ndarray | None, words: Words) -> None:  # fmt: skip
     """One segment of :func:`allreduce_staged` (``views`` of ``buf``'s size)."""
+    stage_in(comm, buf, views)
+    signal(comm, words)
+    staged_rest(comm, buf, views, reduce, out, words)
+
+
+def stage_in(comm: Comm, buf: np.ndarray, views: Sequence[np.ndarray]) -> None:
+    """The first step of a segment of :func:`allreduce_staged`: the other members' blocks of
+    ``buf`` into this member's part (``views``, of ``buf``'s size). The part is this member's
+    alone until it tells the others it is done (the signal that follows; or, in direct mode,
+    the round's header: hora.core.handover), since every other member is done with it once
+    it has signalled the end of the last collective."""
     n, me = comm.size, comm.rank
-    res = buf if out is None else out
     bounds = offsets_of(split_even(buf.size, n))
     mine = views[me]
-    others = [(bounds[j], bounds[j + 1]) for j in range(n) if j != me]
-    for a, b in others:
-        mine[a:b] = buf[a:b]
+    for j in range(n):
+        if j != me:
+            mine[bounds[j] : bounds[j + 1]] = buf[bounds[j] : bounds[j + 1]]
+
+
+def staged_rest(comm: Comm, buf: np.ndarray, views: Sequence[np.ndarray], reduce: Reducer,
+                out: np.ndarray | None, words: Words) -> None:  # fmt: skip
+    """The rest of a segment of :func:`allreduce_staged` once every member has staged its
+    input (:func:`stage_in`) and knows the others have: this member's block reduced and
+    written into the others' parts, the signal that they are all done, and the others'
+    reduced blocks copied out of this member's part."""
+    n, me = comm.size, comm.rank
+    res = buf if out is None else out
+    bounds = _reduce_block(comm, res, views, reduce, None if out is None else buf)
     signal(comm, words)
-    _reduce_block(comm, res, views, reduce, None if out is None else buf)
-    signal(comm, words)
-    for a, b in others:
-        res[a:b] = mine[a:b]
+    mine = views[me]
+    for j in range(n):
+        if j != me:
+            res[bounds[j] : bounds[j + 1]] = mine[bounds[j] : bounds[j + 1]]
     # the others' blocks, copied in and out
     own = (bounds[me + 1] - bounds[me]) * buf.itemsize
     tally.counts[tally.MAPPED + tally.COPIED] += 2 * (buf.nbytes - own)

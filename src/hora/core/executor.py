@@ -57,6 +57,11 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
+# an allreduce staged ahead of a round's header (Executor.spread_in): every member's segment of
+# the set's shared arena, the buffer reduced, and where the result goes apart from it (None: in
+# place)
+Spread = tuple[list[np.ndarray], np.ndarray, np.ndarray | None]
+
 # A two-member set in direct mode moves an allreduce up to this size inside the round's headers
 # (hora.core.fastpath), with hora's own backend: one exchange instead of two. Larger ones, up
 # to the backend's exchange slots, go through the set's shared arena where it has one.
@@ -314,6 +319,46 @@ class Executor:
             scale(piece, spec.request.dtype, spec.request.prescale)
             pos += a.size
         return mine, shared
+
+    def spread_in(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Spread | None:
+        """In a round of more than two members that carries one allreduce alone: its input's
+        first segment staged in the set's shared arena where hora's own backend would stage
+        it (hora.backends.native ``spread_in``), ahead of the header that tells the others;
+        what :meth:`spread_finish` goes on with. The buffer reduced is the one
+        :meth:`allreduce` would give the backend (the input, reduced apart into the output or
+        a new array; prescaled, in its target), so the bits are the backend's. None (nothing
+        done) with another backend, an input still arriving, an output over part of the input,
+        or one prescaled in place (a round that does not run it would find it scaled)."""
+        arr, req = entry.array, spec.request
+        takes = getattr(self.backend, "spread_takes", None)
+        if (takes is None or entry.ready is not None or not isinstance(arr, np.ndarray)
+                or not takes(comm, req.nbytes)):
+            return None
+        out = entry.output
+        src, into = arr.reshape(-1), None
+        if out is not None and out is not arr and np.may_share_memory(out, arr):
+            return None
+        if req.prescale != 1.0:
+            if out is arr:  # the input itself would be scaled: not before the round runs it
+                return None
+            src = self._target(self.host, spec, entry)  # a copy, scaled, as _reduce does
+            scale(src, req.dtype, req.prescale)
+        elif out is None:
+            into = np.empty_like(src)
+        elif out is not arr:
+            into = out.reshape(-1)
+        return self.backend.spread_in(comm, src), src, into  # type: ignore[attr-defined]
+
+    def spread_finish(self, comm: SetComm, spec: TensorSpec, spread: Spread) -> np.ndarray:
+        """The result of the allreduce :meth:`spread_in` staged, once every member's header
+        says it staged its own."""
+        req = spec.request
+        views, src, into = spread
+        op = req.reduce_op
+        post = req.postscale / comm.size if op == AVERAGE else req.postscale
+        self.backend.spread_rest(comm, src, views, req.dtype,  # type: ignore[attr-defined]
+                                 SUM if op == AVERAGE else op, out=into, post=post)
+        return (src if into is None else into).reshape(req.shape)
 
     def exchange_takes(self, comm: SetComm, nbytes: int, count: int) -> bool:
         """Whether one hand-over carries ``count`` allreduces of ``nbytes`` together in this

@@ -51,7 +51,7 @@ import numpy as np
 
 from hora.backends.base import SetComm
 from hora.backends.native import MANY_MAX_BYTES
-from hora.core.executor import EXCHANGE_MAX_BYTES, Executor, TensorEntry
+from hora.core.executor import EXCHANGE_MAX_BYTES, Executor, Spread, TensorEntry
 from hora.core.messages import OpType, TensorSpec
 from hora.core.response_cache import ResponseCache
 from hora.errors import HoraInternalError
@@ -62,6 +62,7 @@ Header = tuple[int, list[int], bytes | memoryview]  # a round's header, decoded:
 DATA = 2  # the header's flag: the inputs of its first tensors follow the ids
 SHARED = 4  # the header's flag: the inputs of its first tensors lie in a shared exchange slot
 SLOT1 = 8  # with SHARED: in slot 1 (else slot 0)
+SPREAD = 64  # the header's flag: this member staged its one allreduce in the set's arena
 # a round's header begins: its flags and the number of ids; the ids follow (uint32), then any
 # data (hora.core.fastpath encodes and decodes it)
 HEAD = struct.Struct("<BI")
@@ -265,7 +266,13 @@ class HandOver:
         if spec is None or entry is None or entry.array is None or entry.ready is not None:
             return False
         req, ex = spec.request, self.executor
-        if req.op != OpType.ALLREDUCE or req.group_size > 1 or not (
+        if req.op != OpType.ALLREDUCE or req.group_size > 1:
+            return False
+        if comm.size > 2:
+            spread = ex.spread_in(comm, spec, entry)
+            if spread is not None:
+                return self._spread(ms, key, cid, spec, entry, spread)
+        if not (
                 ex.exchange_takes(comm, req.nbytes, 1) if comm.size == 2
                 else ex.native and req.nbytes <= MANY_MAX_BYTES // (comm.size - 1)):
             return False
@@ -309,6 +316,32 @@ class HandOver:
         if slot >= 0:
             ms.lent = None
             self._done_reading(ms)
+        del ms.table[key]
+        entry.complete(result)
+        return True
+
+    def _spread(self, ms: Any, key: str, cid: int, spec: TensorSpec, entry: TensorEntry,
+                spread: Spread) -> bool:  # fmt: skip
+        """The lane of a set of more than two members for an allreduce that the backend
+        stages through the set's shared arena: this member staged its input's first segment
+        before its header (:meth:`Executor.spread_in`), so when every other header says the
+        same (the same one tensor, ``SPREAD``), every member's is staged, and the backend's
+        steps go on from there (:meth:`Executor.spread_finish`): the header stands for the
+        signal those steps begin with, one wait for the others fewer. Any other header: the
+        round goes on as any other (the backend stages the tensor again)."""
+        comm = ms.comm
+        self.stats["direct_rounds"] += 1
+        ids = [cid]
+        headers = self._exchange(ms, encode_header(ids, SPREAD), (SPREAD, ids, b""))
+        if any(flags != SPREAD or their_ids != ids for flags, their_ids, _ in headers):
+            self._settle(ms, ids, None, headers)
+            return True
+        del ms.ready[key]
+        self._touch(ms, ids)
+        self.stats["responses"] += 1
+        self.stats["lane"] += 1
+        self.stats["spread"] += 1
+        result = self.executor.spread_finish(comm, spec, spread)
         del ms.table[key]
         entry.complete(result)
         return True
