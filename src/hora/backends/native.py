@@ -6,6 +6,7 @@ Stateless apart from the transport it was given; called from the engine thread o
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,9 +61,16 @@ MAPPED_MAX_BYTES = 8 << 20
 # the segments beat the single-copy reads to 16 MiB and more. The two ways taking turns block by
 # block in one job (2-core VM, medians in ms, single-copy reads / arena): 12 MiB 4.95 / 4.06,
 # 4.72 / 3.84, 3.64 / 3.41; 16 MiB 5.54 / 4.94, 5.63 / 5.03, 5.09 / 4.52; 20 MiB 6.07 / 5.93;
-# 24 MiB 7.09 / 6.49; 32 MiB 8.71 / 9.16, 9.72 / 9.34. (Among more members it varied with the
-# count on this 2-core machine, whose ranks then share cores: np=3 12-32 MiB 0.80-0.88x, np=4
-# 1.35-1.53x; left at MAPPED_MAX_BYTES until measured with a core per rank.)
+# 24 MiB 7.09 / 6.49; 32 MiB 8.71 / 9.16, 9.72 / 9.34.
+# Among more members where ranks outnumber cores (a shared arena's ``crowded``: any member's host
+# runs more ranks than it has cores), through the arena at every size: the single-copy reads'
+# exchanges are messages on every pair, each a wake-up of a rank that may wait for a core. On a
+# 2-core VM, taking turns block by block in one job, single-copy reads / arena, ms: np=3 12 MiB
+# 6.63 / 2.66, 16 MiB 8.56 / 3.64, 32 MiB 15.9 / 11.1, 64 MiB 31.4 / 23.0, 256 MiB 114 / 111;
+# np=4 12 MiB 8.11 / 3.07, 16 MiB 11.6 / 4.35, 32 MiB 19.9 / 12.7, 64 MiB 41.2 / 24.8; np=8
+# 16 MiB 28.7 / 11.9, 32 MiB 50.8 / 43.1. (An earlier machine had np=3 at 12-32 MiB 0.80-0.88x,
+# before direct mode staged ahead of a round's header.) Where each rank has a core, more
+# members stay at MAPPED_MAX_BYTES until measured there.
 PAIR_MAPPED_MAX_BYTES = 16 << 20
 # A single buffer goes through the arena in segments of this many bytes, one after another (two
 # signals each); where the set's pairs cannot read single-copy (Yama's ptrace_scope=1,
@@ -111,6 +119,12 @@ def _one_shared_host(comm: SetComm) -> bool:
     return comm.size > 1 and layout is not None and layout.shared and not layout.multi_host
 
 
+def _host_cores() -> int:
+    """The cores of this host (not only those this process may use: the same on every rank
+    of the host, however each is bound)."""
+    return os.cpu_count() or 1
+
+
 def _least_staged(comm: SetComm) -> int:
     """The size above which a single buffer may go through the set's shared arena."""
     if comm.size > 2 and STORES_IN_ORDER:
@@ -118,12 +132,20 @@ def _least_staged(comm: SetComm) -> int:
     return MAPPED_MIN_BYTES
 
 
+def _most_staged(comm: SetComm, arena: Arena) -> int | float:
+    """The size up to which a single buffer goes through the set's shared arena (above
+    :func:`_least_staged`): every size where the pairs do not read single-copy, or among more
+    than two members where ranks outnumber cores (see PAIR_MAPPED_MAX_BYTES)."""
+    if not arena.pulls or (comm.size > 2 and arena.crowded):
+        return float("inf")
+    return PAIR_MAPPED_MAX_BYTES if comm.size == 2 else MAPPED_MAX_BYTES
+
+
 def _staging(comm: SetComm, buf: np.ndarray, arena: Arena | None) -> list[np.ndarray] | None:
     """Every member's part of ``arena`` laid out as the segment ``buf`` (above
     :func:`_least_staged`) goes through it in; None where it does not go through it: no arena,
     or too large where the pairs read single-copy."""
-    most = PAIR_MAPPED_MAX_BYTES if comm.size == 2 else MAPPED_MAX_BYTES
-    if arena is None or (buf.nbytes > most and arena.pulls):
+    if arena is None or buf.nbytes > _most_staged(comm, arena):
         return None
     step = min(buf.nbytes, STAGED_SEGMENT_BYTES, arena.nbytes)
     if step < buf.nbytes:  # whole segments split evenly among members
@@ -151,6 +173,10 @@ class NativeBackend:
         self._hier_allreduce = knobs is not None and (knobs.hierarchical_allreduce
                                                       or knobs.torus_allreduce)
         self._hier_allgather = knobs is not None and knobs.hierarchical_allgather
+        # this host runs more ranks than it has cores (its shared arenas say whether any
+        # member's does: Arena.crowded)
+        local = ctx.identity.local_size if ctx is not None else 1
+        self._crowded = local > _host_cores()
         self._arenas: dict[int, Arena | None] = {}  # by process set, once asked for
         self._boxes: dict[int, Mailboxes] = {}  # their mailboxes, once asked for
         # allreduces run over a shared arena, and fused ones gathered where their tensors lie
@@ -194,7 +220,7 @@ class NativeBackend:
         if comm.size < 3 or nbytes <= _least_staged(comm):
             return False
         arena = self._arenas.get(comm.process_set_id)
-        return arena is not None and (nbytes <= MAPPED_MAX_BYTES or not arena.pulls)
+        return arena is not None and nbytes <= _most_staged(comm, arena)
 
     def spread_in(self, comm: SetComm, buf: np.ndarray) -> list[np.ndarray]:
         """Where :meth:`spread_takes` says: the first segment of ``buf`` staged into this
@@ -289,7 +315,7 @@ class NativeBackend:
             self._arenas[ps_id] = None
             if _one_shared_host(comm):
                 pairs = [None if i == comm.rank else comm.pair(i) for i in range(comm.size)]
-                self._arenas[ps_id] = open_arena(pairs, comm.rank, ARENA_BYTES)
+                self._arenas[ps_id] = open_arena(pairs, comm.rank, ARENA_BYTES, self._crowded)
                 log.debug("allreduce: shared arena for process set %d of %d members: %s",
                           ps_id, comm.size, "mapped" if self._arenas[ps_id] else "not used")
         return self._arenas[ps_id]

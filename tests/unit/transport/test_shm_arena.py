@@ -75,6 +75,13 @@ def _share(rank: int, refuse: int) -> dict[str, Any]:
     arena.close()
     out["fds after close"] = _arena_fds()
     out["dev shm"] = sorted(n for n in os.listdir("/dev/shm") if "hora" in n.lower())
+    out["crowded"] = arena.crowded  # no member said its host has more ranks than cores
+
+    # one member says so: every member's arena knows (its single buffers take the arena)
+    crowded = arena_mod.open_arena(pairs, rank, 1 << 20, crowded=rank == comm.size - 1)
+    assert crowded is not None
+    out["crowded when one says so"] = crowded.crowded
+    crowded.close()
 
     # one member cannot map the others' parts: nobody uses an arena, and the pairs still work
     if rank == refuse:
@@ -115,6 +122,7 @@ def test_every_member_maps_every_part_and_a_refusal_stops_all() -> None:
         assert out["words"] == [[r + 100] * 8 for r in range(3)], rank
         assert out["laid out intact"], rank
         assert out["fds after close"] == [] and out["dev shm"] == [], rank
+        assert out["crowded"] is False and out["crowded when one says so"] is True, rank
         assert out["refused"], f"rank {rank} used an arena another member could not map"
         assert out["fds after refusal"] == [], rank
         assert out["wrong process"], f"rank {rank} used an arena mapped from the wrong process"

@@ -42,9 +42,9 @@ from hora.transport.base import Pair
 
 log = logging.getLogger(__name__)
 
-# pid, descriptor number, bytes, the token at its start, and whether the member's pairs to
-# every other member read single-copy both ways
-_HELLO = struct.Struct("<qqq16s?")
+# pid, descriptor number, bytes, the token at its start, whether the member's pairs to every
+# other member read single-copy both ways, and whether its host has more ranks than cores
+_HELLO = struct.Struct("<qqq16s??")
 _PAGE = 4096  # the head's first page: the token, then the words
 MAILBOX = 64 << 10  # bytes of each of a part's two mailboxes (Arena.mailboxes), after the page
 HEAD = _PAGE + 2 * MAILBOX  # each part's own head, before what callers lay out
@@ -61,13 +61,17 @@ STORES_IN_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i68
 class Arena:
     """This rank's part of a set's shared memory and its mappings of the others' parts."""
 
-    def __init__(self, fd: int, maps: list[mmap.mmap], rank: int, pulls: bool = True) -> None:
+    def __init__(self, fd: int, maps: list[mmap.mmap], rank: int, pulls: bool = True,
+                 crowded: bool = False) -> None:  # fmt: skip
         self._fd = fd  # kept open: the others open the memory through it
         self._maps = maps
         self.rank = rank
         # every member's pairs to every other read single-copy both ways (the same on every
         # member); False where the kernel refuses such reads (Yama) or HORA_SHM_SINGLE_COPY=0
         self.pulls = pulls
+        # some member said its host runs more ranks than it has cores (the same on every
+        # member): ranks then wait for one another's turn on a core
+        self.crowded = crowded
         self.nbytes = min(len(m) for m in maps) - HEAD
         whole = [np.frombuffer(m, dtype=np.uint8) for m in maps]
         self._words = [w[_WORDS : _WORDS + 8 * WORDS].view(np.int64) for w in whole]
@@ -115,11 +119,13 @@ class Arena:
             os.close(self._fd)
 
 
-def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int) -> Arena | None:
+def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int,
+               crowded: bool = False) -> Arena | None:  # fmt: skip
     """Create this rank's part of ``nbytes`` (after its head) and map the others'
     (``pairs[i]``: the pair to member ``i``, None for this rank). Collective over the
     members; None on every member when any of them could not map all the parts (the reason
-    is logged at debug level)."""
+    is logged at debug level). ``crowded``: this host runs more ranks than it has cores
+    (:attr:`Arena.crowded` is whether any member said so)."""
     fd = os.memfd_create("hora-arena", os.MFD_CLOEXEC)
     found: dict[int, mmap.mmap] = {}
     try:
@@ -129,13 +135,15 @@ def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int) -> Arena | 
         found[rank][: len(token)] = token
         others = [i for i, p in enumerate(pairs) if p is not None]
         pulls = all(getattr(pairs[i], "single_copy", False) for i in others)
-        hello = _HELLO.pack(os.getpid(), fd, HEAD + nbytes, token, pulls)
+        hello = _HELLO.pack(os.getpid(), fd, HEAD + nbytes, token, pulls, crowded)
         for i in others:
             _pair(pairs, i).send_msg(hello)
         problem = ""
         for i in others:
-            pid, peer_fd, size, peer_token, peer_pulls = _HELLO.unpack(_pair(pairs, i).recv_msg())
+            pid, peer_fd, size, peer_token, peer_pulls, peer_crowded = _HELLO.unpack(
+                _pair(pairs, i).recv_msg())
             pulls = pulls and peer_pulls
+            crowded = crowded or peer_crowded
             if problem:
                 continue
             try:
@@ -150,7 +158,7 @@ def open_arena(pairs: Sequence[Pair | None], rank: int, nbytes: int) -> Arena | 
             _pair(pairs, i).send_msg(_NO if problem else _OK)
         verdicts = [_pair(pairs, i).recv_msg() for i in others]
         if not problem and all(v == _OK for v in verdicts):
-            return Arena(fd, [found[i] for i in range(len(pairs))], rank, pulls)
+            return Arena(fd, [found[i] for i in range(len(pairs))], rank, pulls, crowded)
         log.debug("shared arena not used: %s", problem or "another member could not map it")
     except BaseException:
         _release(fd, list(found.values()))

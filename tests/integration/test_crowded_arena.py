@@ -1,0 +1,53 @@
+"""Where a host runs more ranks than it has cores, a set of more than two members reduces
+every single buffer above the small-message sizes through its shared arena, at any size
+(hora.backends.native: the single-copy reads' messages each wake a rank that may wait for a
+core); where each rank has a core, buffers above MAPPED_MAX_BYTES take the single-copy reads.
+Real ranks; the host's core count is faked (``_host_cores``) so that both cases run on any
+machine. Results are checked, blocking and not, in place and not, Sum and Average."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness import run_ranks
+
+
+def _large(rank: int, cores: int) -> dict[str, Any]:
+    import numpy as np
+
+    import hora as hvd
+    import hora.backends.native as native
+    from hora.core.runtime import runtime
+
+    native._host_cores = lambda: cores  # a fake: the host's core count this test needs
+    hvd.init()
+    n = hvd.size()
+    count = (native.MAPPED_MAX_BYTES + (4 << 20)) // 4  # 12 MiB of float32
+    base = np.arange(count, dtype=np.float32) % 101
+    want = base * n * (n + 1) / 2
+    backend = runtime().engine.executor.backend
+    before = backend.mapped
+    ok = []
+    for _ in range(4):  # negotiated, then from the cache, then in direct mode
+        x = base * (rank + 1)
+        ok.append(np.array_equal(hvd.allreduce(x, op=hvd.Sum, name="blocking"), want))
+        ok.append(np.array_equal(x, base * (rank + 1)))  # the input as it was
+        h = hvd.allreduce_async_(x, op=hvd.Average, name="in_place")
+        hvd.synchronize(h)
+        ok.append(np.allclose(x, want / n))
+    mapped = backend.mapped - before
+    hvd.shutdown()
+    return {"ok": all(ok), "mapped": mapped}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cores", "crowded"), [(1, True), (1024, False)],
+                         ids=["ranks-outnumber-cores", "a-core-each"])  # fmt: skip
+def test_large_single_buffers_take_the_arena_where_ranks_outnumber_cores(
+        cores: int, crowded: bool) -> None:  # fmt: skip
+    for rank, out in enumerate(run_ranks(_large, 3, args=(cores,), timeout=90)):
+        assert out["ok"], rank
+        # eight allreduces of 12 MiB: all in the arena, or none
+        assert out["mapped"] == (8 if crowded else 0), (rank, out)
