@@ -18,13 +18,18 @@ ARENA = 3 << 20  # through the shared arena (64 KiB < B <= 8 MiB), divisible by 
 DIRECT = 12 << 20  # the direct allreduce with single-copy reads (one host), hierarchical
 
 
-def _count(rank: int, sizes: list[int], hosts: list[int] | None) -> dict[int, dict[str, int]]:
+def _count(rank: int, sizes: list[int], hosts: list[int] | None,
+           cores: int | None) -> dict[int, dict[str, int]]:  # fmt: skip
     import os
 
     if hosts is not None:
         os.environ["HORA_HOSTNAME"] = f"node{hosts[rank]}"
     import hora as hvd
+    import hora.backends.native as native
     from hora.lab.moved import count_one
+
+    if cores is not None:  # a fake: the host's core count the case needs
+        native._host_cores = lambda: cores
 
     hvd.init()
     try:
@@ -34,9 +39,10 @@ def _count(rank: int, sizes: list[int], hosts: list[int] | None) -> dict[int, di
 
 
 def _run(np_: int, sizes: list[int], hosts: list[int] | None = None,
-         env: dict[str, str] | None = None) -> list[dict[int, dict[str, int]]]:  # fmt: skip
-    out: list[dict[int, dict[str, int]]] = run_ranks(_count, np_, (sizes, hosts), timeout=90,
-                                                     env=env)  # fmt: skip
+         env: dict[str, str] | None = None,
+         cores: int | None = None) -> list[dict[int, dict[str, int]]]:  # fmt: skip
+    out: list[dict[int, dict[str, int]]] = run_ranks(_count, np_, (sizes, hosts, cores),
+                                                     timeout=90, env=env)  # fmt: skip
     return out
 
 
@@ -59,15 +65,20 @@ def _doubling(path: str, n: int, rank: int, b: int, copies: int) -> dict[str, An
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [3, 4])
-def test_one_host(n: int) -> None:
-    got = _run(n, [SMALL, ARENA, DIRECT])
+@pytest.mark.parametrize("crowded", [False, True], ids=["a-core-each", "ranks-outnumber-cores"])
+def test_one_host(n: int, crowded: bool) -> None:
+    """Where ranks outnumber the host's cores, a large buffer goes through the shared arena
+    as a smaller one does (hora.backends.native), else with single-copy reads."""
+    got = _run(n, [SMALL, ARENA, DIRECT], cores=1 if crowded else 1024)
     for rank, moved in enumerate(got):
         assert moved[SMALL] == _doubling("inline", n, rank, SMALL, 2), moved[SMALL]
-        part = ARENA * (n - 1) // n  # the arena: the others' blocks copied in, read by them,
-        # the result written into theirs, and theirs copied out
-        assert moved[ARENA] == _moved("mapped", part, part, 3 * part, part), moved[ARENA]
-        part = DIRECT * (n - 1) // n  # reduce-scatter, then allgather: the bound
-        assert moved[DIRECT] == _moved("single copy", 2 * part, 2 * part, 2 * part, part)
+        for b in (ARENA, DIRECT) if crowded else (ARENA,):
+            part = b * (n - 1) // n  # the arena: the others' blocks copied in, read by them,
+            # the result written into theirs, and theirs copied out
+            assert moved[b] == _moved("mapped", part, part, 3 * part, part), moved[b]
+        if not crowded:
+            part = DIRECT * (n - 1) // n  # reduce-scatter, then allgather: the bound
+            assert moved[DIRECT] == _moved("single copy", 2 * part, 2 * part, 2 * part, part)
 
 
 @pytest.mark.timeout(120)
