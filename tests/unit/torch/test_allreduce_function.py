@@ -38,3 +38,16 @@ def test_allreduce_with_a_priority_still_differentiates() -> None:
     assert x.grad is not None and x.grad.tolist() == [2.0]
     plain = hvd.allreduce(x, name="fn.plain")
     assert type(plain.grad_fn).__name__ == "HorovodAllreduceBackward"
+
+
+def test_without_gradients_the_op_runs_alone() -> None:
+    """A tensor that needs no gradient (or any under ``torch.no_grad``) skips autograd's
+    Function: the same result, and nothing recorded."""
+    x = torch.tensor([1.0, 2.0])
+    out = hvd.allreduce(x, name="fn.nograd", op=hvd.Sum, prescale_factor=2.0, priority=3)
+    assert out.tolist() == [2.0, 4.0] and out.grad_fn is None and not out.requires_grad
+    assert x.tolist() == [1.0, 2.0]  # a new tensor, the input as it was
+    w = torch.tensor([1.0], requires_grad=True)
+    with torch.no_grad():
+        got = hvd.allreduce(w, name="fn.nograd.ctx", op=hvd.Average)
+    assert got.tolist() == [1.0] and got.grad_fn is None and not got.requires_grad
