@@ -1,7 +1,9 @@
 """Where a host runs more ranks than it has cores, a set of more than two members reduces
 every single buffer above the small-message sizes through its shared arena, at any size
 (hora.backends.native: the single-copy reads' messages each wake a rank that may wait for a
-core); where each rank has a core, buffers above MAPPED_MAX_BYTES take the single-copy reads.
+core), and fused responses of large tensors too; where each rank has a core, buffers above
+MAPPED_MAX_BYTES take the single-copy reads, and such fused responses are gathered where their
+tensors lie.
 Real ranks; the host's core count is faked (``_host_cores``) so that both cases run on any
 machine. Results are checked, blocking and not, in place and not, Sum and Average."""
 
@@ -38,8 +40,16 @@ def _large(rank: int, cores: int) -> dict[str, Any]:
         hvd.synchronize(h)
         ok.append(np.allclose(x, want / n))
     mapped = backend.mapped - before
+    # a fused response above MAPPED_MAX_BYTES of large tensors: gathered where they lie
+    # with single-copy reads, or through the arena
+    gathered = backend.gathered
+    parts = [base[: count // 3] * (rank + 1) for _ in range(4)]
+    for _ in range(3):
+        got = hvd.grouped_allreduce(parts, op=hvd.Sum, name="fused")
+        ok.append(all(np.array_equal(g, want[: count // 3]) for g in got))
+    gathered = backend.gathered - gathered
     hvd.shutdown()
-    return {"ok": all(ok), "mapped": mapped}
+    return {"ok": all(ok), "mapped": mapped, "gathered": gathered}
 
 
 @pytest.mark.timeout(120)
@@ -51,3 +61,5 @@ def test_large_single_buffers_take_the_arena_where_ranks_outnumber_cores(
         assert out["ok"], rank
         # eight allreduces of 12 MiB: all in the arena, or none
         assert out["mapped"] == (8 if crowded else 0), (rank, out)
+        # three fused responses of 16 MiB: gathered where they lie only with a core each
+        assert out["gathered"] == (0 if crowded else 3), (rank, out)
