@@ -19,7 +19,16 @@ def _stats() -> dict[str, int]:
     return dict(runtime.runtime().engine.stats)
 
 
-def _late_at_random(rank: int, steps: int) -> dict[str, object]:
+def _slots_only() -> None:
+    """Single allreduces from 256 KiB go through the slots too, as before a pair's lane staged
+    them ahead of its header (hora.core.handover.PAIR_SPREAD_MIN_BYTES): the slots' tests keep
+    their sizes."""
+    import hora.core.handover as handover
+
+    handover.PAIR_SPREAD_MIN_BYTES = 1 << 62
+
+
+def _late_at_random(rank: int, steps: int, slots_only: bool = True) -> dict[str, object]:
     import random
     import time
 
@@ -27,6 +36,8 @@ def _late_at_random(rank: int, steps: int) -> dict[str, object]:
 
     import hora as hvd
 
+    if slots_only:
+        _slots_only()
     hvd.init()
     rnd = random.Random(rank)
     big = np.zeros(1 << 18, dtype=np.float32)  # 1 MiB
@@ -46,17 +57,27 @@ def _late_at_random(rank: int, steps: int) -> dict[str, object]:
         got = hvd.allreduce(small, op=hvd.Sum, name="small")
         if not np.array_equal(got, ramp_small * 3 - 2 * step):
             wrong.append(f"small {step}")
-    shared = _stats()["exchanged_shared"] - before["exchanged_shared"]
+    after = _stats()
     hvd.shutdown()
-    return {"wrong": wrong, "shared": shared}
+    return {"wrong": wrong, "shared": after["exchanged_shared"] - before["exchanged_shared"],
+            "spread": after["spread"] - before["spread"]}
 
 
 @pytest.mark.timeout(120)
-def test_back_to_back_exchanges_with_a_late_rank_never_read_a_reused_slot() -> None:
+@pytest.mark.parametrize("slots_only", [True, False], ids=["slots", "slots-and-staged"])
+def test_back_to_back_exchanges_with_a_late_rank_never_read_a_reused_slot(
+        slots_only: bool) -> None:  # fmt: skip
+    """Both allreduces through the slots; or, as shipped, the 1 MiB one staged in the arena
+    ahead of the header (which the slots share) between the 160 KB ones in a slot, which it
+    waits to be read."""
     steps = 300
-    for out in run_ranks(_late_at_random, 2, args=(steps,), timeout=100):
+    for out in run_ranks(_late_at_random, 2, args=(steps, slots_only), timeout=100):
         assert out["wrong"] == [], out["wrong"][:10]
-        assert int(out["shared"]) >= 2 * steps - 10, out["shared"]  # type: ignore[call-overload]
+        shared, spread = int(out["shared"]), int(out["spread"])  # type: ignore[call-overload]
+        if slots_only:
+            assert shared >= 2 * steps - 10 and spread == 0, out
+        else:  # a staging that found its slot not yet read went as a round through the backend
+            assert shared >= steps - 5 and spread >= steps // 2, out
 
 
 def _bursts(rank: int, rounds: int) -> dict[str, object]:
@@ -126,6 +147,7 @@ def _lent_while_the_plan_runs(rank: int, steps: int) -> dict[str, object]:
 
     import hora as hvd
 
+    _slots_only()
     hvd.init()
     n = 1 << 18  # 1 MiB of float32: in an exchange slot; D is staged by the backend over them
     wrong = []
@@ -167,7 +189,7 @@ def test_inputs_left_in_a_slot_survive_a_round_that_runs_other_work() -> None:
         assert int(out["shared"]) > 12, out  # type: ignore[call-overload]
 
 
-def _slow_reader(rank: int, steps: int) -> dict[str, object]:
+def _slow_reader(rank: int, steps: int, staged: bool = False) -> dict[str, object]:
     import time
 
     import numpy as np
@@ -175,6 +197,8 @@ def _slow_reader(rank: int, steps: int) -> dict[str, object]:
     import hora as hvd
     from hora.core.executor import Executor
 
+    if not staged:
+        _slots_only()
     hvd.init()
     if rank == 1:  # every third hand-over, rank 1 reads rank 0's slot late: 25 ms, far
         # longer than rank 0's step and its wait for the word (at most 2 ms), even on a loaded
@@ -189,19 +213,27 @@ def _slow_reader(rank: int, steps: int) -> dict[str, object]:
             return finish(*args, **kw)  # type: ignore[arg-type]
 
         Executor.exchanged = staticmethod(late)  # type: ignore[method-assign, assignment]
-    x = np.zeros(1 << 18, dtype=np.float32)  # 1 MiB
+    # 1 MiB; with ``staged``, 192 KiB (below PAIR_SPREAD_MIN_BYTES: in a slot)
+    x = np.zeros(3 << 14 if staged else 1 << 18, dtype=np.float32)
     ramp = np.arange(x.size, dtype=np.float32) % 777
     wrong = []
     before = _stats()
+    y = np.zeros(1 << 19, dtype=np.float32)  # 2 MiB, staged: between two in slots
     for step in range(steps):
         x[...] = ramp * (rank + 1) + step
         hvd.allreduce(x, op=hvd.Sum, output=x, name="x")
         if not np.array_equal(x, ramp * 3 + 2 * step):
             wrong.append(step)
+        if staged:
+            y[...] = step + rank
+            hvd.allreduce(y, op=hvd.Sum, output=y, name="y")
+            if not np.all(y == 2 * step + 1):
+                wrong.append(-step)
     after = _stats()
     hvd.shutdown()
     return {"wrong": wrong, "shared": after["exchanged_shared"] - before["exchanged_shared"],
-            "reused": after["slot_reused"] - before["slot_reused"]}
+            "reused": after["slot_reused"] - before["slot_reused"],
+            "spread": after["spread"] - before["spread"]}
 
 
 @pytest.mark.timeout(120)
@@ -216,6 +248,21 @@ def test_a_slot_is_refilled_only_once_the_other_member_is_done_reading_it() -> N
         assert int(out["shared"]) >= steps - 5, out  # type: ignore[call-overload]
     reused = int(out0["reused"])  # type: ignore[call-overload]
     assert steps // 3 <= reused < steps - steps // 6, out0  # both ways, many times each
+
+
+@pytest.mark.timeout(120)
+def test_staging_ahead_of_a_header_waits_until_the_slots_are_read() -> None:
+    """A pair's lane stages a 2 MiB allreduce in the arena ahead of its header, over the
+    slots' memory, between 192 KiB allreduces in a slot that the other member reads late every
+    third time: it stages only once the other member's word says every slot it filled was
+    read (else the round goes through the backend), and no sum is ever wrong."""
+    steps = 60
+    for out in run_ranks(_slow_reader, 2, args=(steps, True), timeout=100):
+        assert out["wrong"] == [], out["wrong"][:10]
+        assert int(out["shared"]) >= steps - 5, out  # type: ignore[call-overload]
+        # staged ahead whenever the other member was done within 2 ms (every time it read
+        # late, and on a busy machine often besides, the round went through the backend)
+        assert int(out["spread"]) > 0, out  # type: ignore[call-overload]
 
 
 def _above_the_slot(rank: int, steps: int) -> dict[str, object]:

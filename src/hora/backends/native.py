@@ -215,9 +215,9 @@ class NativeBackend:
         scale(res, dtype, left)
 
     def spread_takes(self, comm: SetComm, nbytes: int) -> bool:
-        """Whether, in a set of more than two members, :meth:`allreduce` stages a single
-        buffer of ``nbytes`` through the set's open shared arena (:meth:`spread_in` then may)."""
-        if comm.size < 3 or nbytes <= _least_staged(comm):
+        """Whether :meth:`allreduce` stages a single buffer of ``nbytes`` through the set's
+        open shared arena (:meth:`spread_in` then may)."""
+        if comm.size < 2 or nbytes <= _least_staged(comm):
             return False
         arena = self._arenas.get(comm.process_set_id)
         return arena is not None and nbytes <= _most_staged(comm, arena)

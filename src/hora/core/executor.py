@@ -321,7 +321,7 @@ class Executor:
         return mine, shared
 
     def spread_in(self, comm: SetComm, spec: TensorSpec, entry: TensorEntry) -> Spread | None:
-        """In a round of more than two members that carries one allreduce alone: its input's
+        """In a round that carries one allreduce alone (hora.core.handover._spread): its input's
         first segment staged in the set's shared arena where hora's own backend would stage
         it (hora.backends.native ``spread_in``), ahead of the header that tells the others;
         what :meth:`spread_finish` goes on with. The buffer reduced is the one

@@ -81,6 +81,13 @@ _ALIGN = 8
 _WAIT_MIN_BYTES = 256 << 10
 _WAIT_BYTES_PER_S = 8e9
 _WAIT_MAX = 0.002
+# a pair's lane stages one allreduce from this size in the arena ahead of its header (_spread),
+# rather than hand it over in an exchange slot: each member then reduces half of it, not all,
+# for one signal more. Blocking allreduces, np=2, the two ways taking turns block by block in
+# one job, slot / staged, ms: 96-192 KiB 0.046-0.052 / 0.048-0.053, 256 KiB 0.057 / 0.056-0.057,
+# 512 KiB 0.076 / 0.071-0.072, 1 MiB 0.114-0.115 / 0.095-0.098, 2 MiB 0.189-0.192 /
+# 0.146-0.149, 3 MiB 0.263-0.267 / 0.198-0.202 (above 3 MiB the slots never took one alone)
+PAIR_SPREAD_MIN_BYTES = 256 << 10
 # in a set of more than two members, a member's inputs go in its header to each of the n - 1
 # others only while those n - 1 copies come to at most MANY_MAX_BYTES (the backend's, which
 # reduces larger ones in the set's shared arena)
@@ -268,7 +275,9 @@ class HandOver:
         req, ex = spec.request, self.executor
         if req.op != OpType.ALLREDUCE or req.group_size > 1:
             return False
-        if comm.size > 2:
+        if comm.size > 2 or ((req.nbytes >= PAIR_SPREAD_MIN_BYTES
+                              or not ex.exchange_takes(comm, req.nbytes, 1))
+                             and self._offers_read(ms)):
             spread = ex.spread_in(comm, spec, entry)
             if spread is not None:
                 return self._spread(ms, key, cid, spec, entry, spread)
@@ -322,8 +331,9 @@ class HandOver:
 
     def _spread(self, ms: Any, key: str, cid: int, spec: TensorSpec, entry: TensorEntry,
                 spread: Spread) -> bool:  # fmt: skip
-        """The lane of a set of more than two members for an allreduce that the backend
-        stages through the set's shared arena: this member staged its input's first segment
+        """The lane for an allreduce that the backend stages through the set's shared arena
+        (in a pair, one the exchange slots do not take, once the other member is done with
+        this one's slots: :meth:`_offers_read`): this member staged its input's first segment
         before its header (:meth:`Executor.spread_in`), so when every other header says the
         same (the same one tensor, ``SPREAD``), every member's is staged, and the backend's
         steps go on from there (:meth:`Executor.spread_finish`): the header stands for the
@@ -375,6 +385,23 @@ class HandOver:
         words = self.executor.exchange_words(ms.comm)
         if words is not None:
             words[ms.comm.rank][0] = ms.seen
+
+    def _offers_read(self, ms: Member) -> bool:
+        """Whether the other member of a pair is done with every offer this member made in an
+        exchange slot (its word says so), so that this member's part of the arena is its own
+        until its next header (:meth:`_spread` stages there before it). A caller that waits
+        for its op anyway waits for the word up to :data:`_WAIT_MAX` seconds."""
+        if not ms.offered:
+            return True
+        words = self.executor.exchange_words(ms.comm) if STORES_IN_ORDER else None
+        if words is None:
+            return False
+        theirs = words[1 - ms.comm.rank]
+        if theirs[0] < ms.offered and self._caller_turn:  # it may be reducing the last one
+            deadline = time.perf_counter() + _WAIT_MAX
+            while theirs[0] < ms.offered and time.perf_counter() < deadline:
+                pass
+        return bool(theirs[0] >= ms.offered)
 
     def _free_slot(self, ms: Member, nbytes: int) -> int:
         """The slot a fresh offer of ``nbytes`` fills: the last one's, if the other member is
