@@ -68,17 +68,26 @@ def _small_only(rank: int) -> dict[str, object]:
     import numpy as np
 
     import hora as hvd
+    from hora.collectives.hierarchical import layout_of
     from hora.core import runtime
 
     hvd.init()
     x = np.arange(16, dtype=np.float32) + rank
     engine = runtime.runtime().engine
-    got = [hvd.allreduce(x, op=hvd.Sum, name="x") for _ in range(30)]
-    ok = all(np.array_equal(g, 3 * np.arange(16) + 3) for g in got)
-    boxes = engine._mailboxes(engine.members[0]) is not None
-    rounds = engine.stats["direct_rounds"]
+    got = [hvd.allreduce(x, op=hvd.Sum, name="x") for _ in range(29)]
+    # looked at before the last call: once it is done, another rank's shutdown may close
+    # this one's backend, arenas and all, before this thread looks
+    ms = engine.members[0]
+    boxes = engine._mailboxes(ms) is not None
+    layout = layout_of(ms.comm)
+    arenas = engine.executor.backend._arenas
+    out = {"mailboxes": boxes, "rounds": engine.stats["direct_rounds"],
+           "asked": 0 in arenas, "mapped": arenas.get(0) is not None,
+           "shared": layout is not None and layout.shared}
+    got.append(hvd.allreduce(x, op=hvd.Sum, name="x"))
+    out["ok"] = all(np.array_equal(g, 3 * np.arange(16) + 3) for g in got)
     hvd.shutdown()
-    return {"ok": ok, "mailboxes": boxes, "rounds": rounds}
+    return out
 
 
 @pytest.mark.timeout(90)
@@ -88,10 +97,17 @@ def test_a_set_of_three_with_only_small_allreduces_rounds_through_mailboxes() ->
     pair."""
     from hora.transport.shm.arena import STORES_IN_ORDER
 
-    for out in run_ranks(_small_only, 3, timeout=60):
-        assert out["ok"], out
-        assert out["rounds"] >= 25, out
-        assert out["mailboxes"] == STORES_IN_ORDER, out
+    results = spawn_ranks(_small_only, 3, timeout=60, env={"HOROVOD_LOG_LEVEL": "debug"})
+    for r in results:
+        # what the ranks said of their shared memory and arena, should this fail
+        said = "\n".join(line for line in r.stderr.splitlines()
+                         if "arena" in line or "shared memory" in line)[-3000:]
+        assert r.ok, f"rank {r.rank}: {r.status}\n{r.stderr[-3000:]}"
+        out = r.value
+        assert out["ok"] and out["rounds"] >= 24, out
+        assert out["asked"], out  # entering direct mode asked for the set's arena
+        assert out["shared"], f"rank {r.rank}: the set is not on shared memory: {out}\n{said}"
+        assert out["mapped"] and out["mailboxes"] == STORES_IN_ORDER, f"{out}\n{said}"
 
 
 def _off(rank: int) -> dict[str, int]:
