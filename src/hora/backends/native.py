@@ -132,11 +132,18 @@ def _least_staged(comm: SetComm) -> int:
     return MAPPED_MIN_BYTES
 
 
+def _crowded(comm: SetComm, arena: Arena | None) -> bool:
+    """Whether the set keeps its large buffers in its shared arena because ranks outnumber
+    cores: more than two members, and a member's host runs more ranks than it has cores
+    (see PAIR_MAPPED_MAX_BYTES)."""
+    return comm.size > 2 and arena is not None and arena.crowded
+
+
 def _most_staged(comm: SetComm, arena: Arena) -> int | float:
     """The size up to which a single buffer goes through the set's shared arena (above
-    :func:`_least_staged`): every size where the pairs do not read single-copy, or among more
-    than two members where ranks outnumber cores (see PAIR_MAPPED_MAX_BYTES)."""
-    if not arena.pulls or (comm.size > 2 and arena.crowded):
+    :func:`_least_staged`): every size where the pairs do not read single-copy, or where
+    :func:`_crowded`."""
+    if not arena.pulls or _crowded(comm, arena):
         return float("inf")
     return PAIR_MAPPED_MAX_BYTES if comm.size == 2 else MAPPED_MAX_BYTES
 
@@ -330,8 +337,7 @@ class NativeBackend:
         two ways taking turns block by block in one job, parts / arena: 4 of 4 MiB 22.4 /
         16.0 ms, 8 of 2 MiB 33.3 / 24.2, 16 of 1 MiB 18.8 / 7.5). The same answer on every
         rank of the set."""
-        arena = self._arenas.get(comm.process_set_id)
-        if comm.size > 2 and arena is not None and arena.crowded:
+        if _crowded(comm, self._arenas.get(comm.process_set_id)):
             return False
         return (_one_shared_host(comm)
                 and nbytes > registry.SMALL_THRESHOLD and nbytes >= PARTS_MIN_BYTES * count

@@ -26,7 +26,7 @@ from hora.collectives.allreduce_recursive_doubling import reduce_like_doubling
 from hora.collectives.reduce_ops import AVERAGE, SUM, reducer, reducer_scaled, scale
 from hora.collectives.reducescatter_ring import reducescatter_counts
 from hora.core.buffers import BufferOps, HostBufferOps
-from hora.core.messages import OpType, Response, TensorSpec
+from hora.core.messages import OpType, Request, Response, TensorSpec
 from hora.errors import HoraInternalError
 from hora.transport.shm.mailbox import Mailboxes
 
@@ -55,6 +55,14 @@ def _arrived(entry: TensorEntry | None) -> None:
 
 def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+def _summed(req: Request, size: int) -> tuple[int, float]:
+    """The op a reduction among ``size`` members runs for ``req`` and the factor its result
+    is scaled by after it: an Average is a Sum scaled by ``postscale / size``."""
+    if req.reduce_op == AVERAGE:
+        return SUM, req.postscale / size
+    return req.reduce_op, req.postscale
 
 
 # an allreduce staged ahead of a round's header (Executor.spread_in): every member's segment of
@@ -173,9 +181,8 @@ class Executor:
     ) -> list[Any]:
         ops = self._ops(entries)
         req = resp.specs[0].request
-        dtype, op = req.dtype, req.reduce_op
-        post = req.postscale / comm.size if op == AVERAGE else req.postscale
-        red = SUM if op == AVERAGE else op
+        dtype = req.dtype
+        red, post = _summed(req, comm.size)
         names = resp.names
         if len(resp.specs) == 1:
             spec = resp.specs[0]
@@ -354,10 +361,9 @@ class Executor:
         says it staged its own."""
         req = spec.request
         views, src, into = spread
-        op = req.reduce_op
-        post = req.postscale / comm.size if op == AVERAGE else req.postscale
-        self.backend.spread_rest(comm, src, views, req.dtype,  # type: ignore[attr-defined]
-                                 SUM if op == AVERAGE else op, out=into, post=post)
+        op, post = _summed(req, comm.size)
+        self.backend.spread_rest(comm, src, views, req.dtype, op,  # type: ignore[attr-defined]
+                                 out=into, post=post)
         return (src if into is None else into).reshape(req.shape)
 
     def exchange_takes(self, comm: SetComm, nbytes: int, count: int) -> bool:
@@ -450,10 +456,9 @@ class Executor:
         member order), reduced in the order of the backend's recursive doubling: its bits."""
         req = spec.request
         out = np.empty_like(parts[0]) if entry.output is None else entry.output.reshape(-1)
-        red = reducer(SUM if req.reduce_op == AVERAGE else req.reduce_op, req.dtype)
-        reduce_like_doubling(parts, red, out)
-        scale(out, req.dtype, req.postscale / len(parts) if req.reduce_op == AVERAGE
-              else req.postscale)  # fmt: skip
+        op, post = _summed(req, len(parts))
+        reduce_like_doubling(parts, reducer(op, req.dtype), out)
+        scale(out, req.dtype, post)
         return out.reshape(req.shape)
 
     @staticmethod
@@ -462,7 +467,6 @@ class Executor:
         """The result of a pair's allreduce from this member's prescaled inputs ``mine`` and
         the other's ``incoming``; ``shared``: never made over ``mine``."""
         req = spec.request
-        op = req.reduce_op
         # where the result is made: over ``mine`` where that is this rank's own copy, over the
         # input where the output is the input and holds ``mine`` already, else apart
         if entry.output is None:
@@ -471,8 +475,8 @@ class Executor:
             out = entry.output.reshape(-1)
             if entry.output is entry.array and req.prescale == 1.0:
                 mine = out
-        post = req.postscale / 2 if op == AVERAGE else req.postscale
-        red, post = reducer_scaled(2, SUM if op == AVERAGE else op, req.dtype, post)
+        op, post = _summed(req, 2)
+        red, post = reducer_scaled(2, op, req.dtype, post)
         red(mine, incoming, out=out)
         scale(out, req.dtype, post)
         return out.reshape(req.shape)
@@ -530,12 +534,11 @@ class Executor:
         row = _numel(req.shape[1:])
         send = ops.clone(entry.array.reshape(-1))  # the caller's tensor stays as it is
         out = ops.empty((rows[comm.rank],) + req.shape[1:], entry.array)
-        op = req.reduce_op
-        post = req.postscale / comm.size if op == AVERAGE else req.postscale
+        op, post = _summed(req, comm.size)
         ops.scale(send, req.dtype, req.prescale)
         self._act([req.name], f"{self.backend.name}_REDUCESCATTER")
         self.backend.reducescatterv(comm, send, out.reshape(-1), [r * row for r in rows],
-                                    req.dtype, SUM if op == AVERAGE else op)  # fmt: skip
+                                    req.dtype, op)  # fmt: skip
         self._act([req.name], None)
         ops.scale(out.reshape(-1), req.dtype, post)
         return out

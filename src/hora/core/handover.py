@@ -275,15 +275,18 @@ class HandOver:
         req, ex = spec.request, self.executor
         if req.op != OpType.ALLREDUCE or req.group_size > 1:
             return False
-        if comm.size > 2 or ((req.nbytes >= PAIR_SPREAD_MIN_BYTES
-                              or not ex.exchange_takes(comm, req.nbytes, 1))
-                             and self._offers_read(ms)):
+        # whether one hand-over carries it: in the header (or, in a pair, an exchange slot)
+        if comm.size == 2:
+            carried = ex.exchange_takes(comm, req.nbytes, 1)
+            staged = req.nbytes >= PAIR_SPREAD_MIN_BYTES or not carried
+        else:
+            carried = ex.native and req.nbytes <= MANY_MAX_BYTES // (comm.size - 1)
+            staged = not carried
+        if staged and (comm.size > 2 or self._offers_read(ms)):
             spread = ex.spread_in(comm, spec, entry)
             if spread is not None:
                 return self._spread(ms, key, cid, spec, entry, spread)
-        if not (
-                ex.exchange_takes(comm, req.nbytes, 1) if comm.size == 2
-                else ex.native and req.nbytes <= MANY_MAX_BYTES // (comm.size - 1)):
+        if not carried:
             return False
         array = entry.array.reshape(-1)
         if req.nbytes <= EXCHANGE_MAX_BYTES and req.prescale == 1.0:
