@@ -397,7 +397,7 @@ class DirectRounds(HandOver):
         stop = encode_header([], STOP)
         boxes = self._mailboxes(ms)
         if boxes is not None:  # the others read the next round's headers there
-            boxes.commit(boxes.begin(stop)[0])
+            boxes.commit(boxes.begin((stop,))[0])
             pairs = []
         for pair in pairs:
             try:
@@ -407,14 +407,29 @@ class DirectRounds(HandOver):
         ms.leave_direct()
 
     def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header]:
-        """Send this member's header to the others and wait for theirs, serving control
-        messages and wake-ups meanwhile. A shutdown does not end the wait: every other member
-        sends its header for this round, or ``STOP`` once it shuts down. In a set of more
-        than two members with a shared arena the headers go through its mailboxes
-        (:mod:`hora.transport.shm.mailbox`): each written once, and polled for."""
+        """Send this member's header (``mine``; ``own``, decoded) to the others and wait for
+        theirs (:meth:`_swap`): every member's, decoded, in member order."""
+        return self._decoded(ms, self._swap(ms, (mine,), False), own)
+
+    def _decoded(self, ms: MemberState, payloads: list[Any], own: Header) -> list[Header]:
+        """The headers of a round (:meth:`_swap`'s ``payloads``; ``own``, this member's),
+        decoded from copies."""
+        ranks = ms.comm.ranks
+        return [own if got is None else decode_header(bytes(got), ranks[p])
+                for p, got in enumerate(payloads)]
+
+    def _swap(self, ms: MemberState, mine: Sequence[Any], in_place: bool) -> list[Any]:
+        """Send this member's header (the byte-like parts ``mine``, written one after the
+        other) to the others and wait for theirs, serving control messages and wake-ups
+        meanwhile: every other member's header as it came, in member order (None at this
+        member's place). A shutdown does not end the wait: every other member sends its
+        header for this round, or ``STOP`` once it shuts down. In a set of more than two
+        members with a shared arena the headers go through its mailboxes
+        (:mod:`hora.transport.shm.mailbox`): each written once, and polled for; ``in_place``:
+        those are views of the mailboxes, not copies, which hold them until this member
+        posts its next header (:meth:`Mailboxes.take`)."""
         comm = ms.comm
-        headers: list[Any] = [None] * comm.size
-        headers[comm.rank] = own
+        payloads: list[Any] = [None] * comm.size
         peers = ms.peers
         if peers is None:
             peers = ms.peers = {}
@@ -425,17 +440,28 @@ class DirectRounds(HandOver):
         boxes = self._mailboxes(ms)
         count, fits = boxes.begin(mine) if boxes is not None else (0, False)
         if not fits:
+            whole = mine[0] if len(mine) == 1 else b"".join(mine)
             for p, pair in peers.values():
                 try:
-                    pair.send_msg(mine)
+                    pair.send_msg(whole)
                 except TransportError as e:
                     raise self._peer_gone(comm.ranks[p]) from e
         if boxes is not None:
             boxes.commit(count)
         if not peers:
-            return headers
-        poller = self._round_poller(ms)
+            return payloads
         waiting = dict(peers)
+        if boxes is not None:  # the headers posted already are taken without the poller
+            for fd, (p, pair) in peers.items():
+                if boxes.posted(p, count):
+                    del waiting[fd]
+                    payloads[p] = self._posted(boxes, count, p, pair, comm, in_place)
+            if not waiting:
+                return payloads
+        poller = self._round_poller(ms)
+        for fd in peers:
+            if fd not in waiting:
+                poller.unregister(fd)  # registered again once the round is in
         since = time.monotonic()
         warned: float | None = None
         wake, ctrl = self._wake_r.fileno(), ms.ctrl
@@ -452,7 +478,7 @@ class DirectRounds(HandOver):
                         if boxes.posted(p, count):
                             del waiting[fd]
                             poller.unregister(fd)
-                            headers[p] = self._posted(boxes, count, p, pair, comm)
+                            payloads[p] = self._posted(boxes, count, p, pair, comm, in_place)
                     if not waiting:
                         break
                 events = poller.poll(0 if spin or boxes is not None else 500.0)
@@ -472,10 +498,9 @@ class DirectRounds(HandOver):
                         del waiting[fd]
                         poller.unregister(fd)  # its next round's header may come first
                         try:
-                            payload = pair.recv_msg()
+                            payloads[p] = pair.recv_msg()
                         except TransportError as e:
                             raise self._peer_gone(comm.ranks[p]) from e
-                        headers[p] = decode_header(payload, comm.ranks[p])
                     elif fd == wake:  # new work or a shutdown: the loop takes the queue after
                         self._woken()
                     elif fd in ctrl:
@@ -490,7 +515,7 @@ class DirectRounds(HandOver):
             for fd in peers:
                 if fd not in waiting:
                     poller.register(fd, select.POLLIN)
-        return headers
+        return payloads
 
     def _mailboxes(self, ms: MemberState) -> Mailboxes | None:
         """The mailboxes a round's headers go through in this set; None: on the pairs. The
@@ -501,13 +526,13 @@ class DirectRounds(HandOver):
             return None
         return self.executor.mailboxes(ms.comm)
 
-    def _posted(self, boxes: Mailboxes, count: int, p: int, pair: Pair, comm: SetComm) -> Header:
+    def _posted(self, boxes: Mailboxes, count: int, p: int, pair: Pair, comm: SetComm,
+                in_place: bool) -> Any:  # fmt: skip
         """Member ``p``'s header, posted in its mailbox (or, too large, on ``pair``)."""
         try:
-            payload = boxes.take(p, count, pair)
+            return boxes.take(p, count, pair, in_place)
         except TransportError as e:
             raise self._peer_gone(comm.ranks[p]) from e
-        return decode_header(payload, comm.ranks[p])
 
     def _round_poller(self, ms: MemberState) -> Any:
         """The poll object a round waits on (made once per member): the other members' data

@@ -20,6 +20,8 @@ later message from the same member.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -42,16 +44,22 @@ class Mailboxes:
         self._boxes = (arena.mailboxes(0), arena.mailboxes(1))
         self.capacity = len(self._boxes[0][self.rank]) - _ENTRY.size
 
-    def begin(self, payload: bytes) -> tuple[int, bool]:
-        """Write this member's next post: its count, and whether ``payload`` fits the mailbox
-        (if not, the caller sends it on every pair). :meth:`commit` then makes it seen."""
+    def begin(self, parts: Sequence[Any]) -> tuple[int, bool]:
+        """Write this member's next post, the byte-like ``parts`` one after the other: its
+        count, and whether they fit the mailbox (if not, the caller sends them on every
+        pair). :meth:`commit` then makes it seen."""
         me = self.rank
         count = int(self._words[me][COUNT_WORD]) + 1
         box = self._boxes[count & 1][me]
-        fits = len(payload) <= self.capacity
+        nbytes = sum(memoryview(part).nbytes for part in parts)
+        fits = nbytes <= self.capacity
         if fits:
-            box[_ENTRY.size : _ENTRY.size + len(payload)] = np.frombuffer(payload, np.uint8)
-        _ENTRY.pack_into(box, 0, count, len(payload) if fits else ON_PAIRS)  # type: ignore[arg-type]
+            at = _ENTRY.size
+            for part in parts:
+                got = np.frombuffer(part, np.uint8)
+                box[at : at + got.size] = got
+                at += got.size
+        _ENTRY.pack_into(box, 0, count, nbytes if fits else ON_PAIRS)  # type: ignore[arg-type]
         return count, fits
 
     def commit(self, count: int) -> None:
@@ -62,8 +70,11 @@ class Mailboxes:
         """Whether ``member`` has posted its post ``count``."""
         return bool(self._words[member][COUNT_WORD] >= count)
 
-    def take(self, member: int, count: int, pair: Pair) -> bytes:
-        """``member``'s post ``count`` (:meth:`posted`), from its mailbox or from ``pair``."""
+    def take(self, member: int, count: int, pair: Pair, in_place: bool = False) -> Any:
+        """``member``'s post ``count`` (:meth:`posted`), from its mailbox or from ``pair``.
+        ``in_place``: a view of the mailbox, not a copy; it holds the post until this member
+        posts its next one (the member writes this mailbox again only once every other
+        member has posted after this one, which this member does next)."""
         box = self._boxes[count & 1][member]
         got, nbytes = _ENTRY.unpack_from(box, 0)  # type: ignore[arg-type]
         if got != count:
@@ -73,4 +84,5 @@ class Mailboxes:
             return pair.recv_msg()
         if nbytes > self.capacity:
             raise TransportError(f"mailbox of set member {member} says {nbytes} bytes")
-        return box[_ENTRY.size : _ENTRY.size + nbytes].tobytes()
+        body = box[_ENTRY.size : _ENTRY.size + nbytes]
+        return memoryview(body) if in_place else body.tobytes()  # type: ignore[arg-type]
