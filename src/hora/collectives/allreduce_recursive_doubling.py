@@ -88,23 +88,35 @@ def reduce_like_doubling(parts: list[np.ndarray], reduce: Reducer, out: np.ndarr
     as :func:`allreduce_recursive_doubling` combines them: the folded pairs first, then a
     balanced tree over the rest. The elementwise ops commute bit for bit, so this gives the
     bits every member gets from the exchanges (what a round that hands every member's inputs
-    to every other computes, hora.core.handover)."""
+    to every other computes, hora.core.handover). ``out`` may be one of ``parts`` (in place),
+    but no part of another."""
     n = len(parts)
-    p = 1 << (n.bit_length() - 1)
-    extra = n - p
+    if n == 1:
+        np.copyto(out, parts[0])
+        return
+    extra = n - (1 << (n.bit_length() - 1))
     level = []
     for i in range(extra):
         acc = np.empty_like(out)
         reduce(parts[2 * i + 1], parts[2 * i], out=acc)
         level.append(acc)
     level += parts[2 * extra :]
-    while len(level) > 1:
-        last = len(level) == 2
-        nxt = []
-        for a, b in zip(level[::2], level[1::2]):
-            acc = out if last else np.empty_like(out)
-            reduce(a, b, out=acc)
-            nxt.append(acc)
-        level = nxt
-    if n == 1:
-        np.copyto(out, parts[0])
+    if len(level) == 1:
+        np.copyto(out, level[0])
+    else:
+        _tree(level, reduce, out)
+
+
+def _tree(level: list[np.ndarray], reduce: Reducer, dst: np.ndarray) -> None:
+    """Reduce ``level`` (a power of two of arrays, at least two) into ``dst`` as a balanced
+    tree: its left half into a scratch array, its right half into ``dst``, then the two. So
+    ``dst`` is written only once every input but the last two is read (it may be one of
+    them), and a tree of 2^k takes k - 1 scratch arrays rather than 2^k - 2."""
+    if len(level) == 2:
+        reduce(level[0], level[1], out=dst)
+        return
+    half = len(level) // 2
+    left = np.empty_like(dst)
+    _tree(level[:half], reduce, left)
+    _tree(level[half:], reduce, dst)
+    reduce(left, dst, out=dst)

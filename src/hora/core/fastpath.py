@@ -271,7 +271,9 @@ class DirectRounds(HandOver):
             if self.spin_yield:  # the backend's receives in this thread poll, yielding
                 yield_while_waiting(self.spin_s)
             try:
-                while ms.direct.active and any(k in table for k in keys):
+                one = keys[0] if len(keys) == 1 else None  # the blocking call's one tensor
+                while ms.direct.active and (one in table if one is not None
+                                            else any(k in table for k in keys)):
                     if self._closing or self._stop_requested:
                         break
                     self._round(ms)

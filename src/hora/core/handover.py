@@ -299,7 +299,8 @@ class HandOver:
         headers are compared with it and their inputs reduced where they lie (in a set's
         mailboxes, without a copy), not decoded (:func:`handed_alike`)."""
         comm = ms.comm
-        if (comm.size < 2 or self.timeline is not None or len(ms.ready) != 1
+        n = len(comm.ranks)
+        if (n < 2 or self.timeline is not None or len(ms.ready) != 1
                 or len(ms.table) != 1 or ms.other or ms.barrier or ms.lent is not None):
             return False
         ((key, cid),) = ms.ready.items()
@@ -310,13 +311,13 @@ class HandOver:
         if req.op != OpType.ALLREDUCE or req.group_size > 1:
             return False
         # whether one hand-over carries it: in the header (or, in a pair, an exchange slot)
-        if comm.size == 2:
+        if n == 2:
             carried = ex.exchange_takes(comm, req.nbytes, 1)
             staged = req.nbytes >= PAIR_SPREAD_MIN_BYTES or not carried
         else:
-            carried = ex.native and req.nbytes <= MANY_MAX_BYTES // (comm.size - 1)
+            carried = ex.native and req.nbytes <= MANY_MAX_BYTES // (n - 1)
             staged = not carried
-        if staged and (comm.size > 2 or self._offers_read(ms)):
+        if staged and (n > 2 or self._offers_read(ms)):
             spread = ex.spread_in(comm, spec, entry)
             if spread is not None:
                 return self._spread(ms, key, cid, spec, entry, spread)
@@ -360,7 +361,7 @@ class HandOver:
         self.stats["responses"] += 1
         self.stats["exchanged" if slot < 0 else "exchanged_shared"] += 1
         self.stats["lane"] += 1
-        if comm.size > 2:
+        if n > 2:
             result = ex.reduced_in_order(spec, entry, parts)
         else:  # never made over inputs that lie in the caller's array or in the slot
             result = ex.exchanged(spec, entry, inputs, parts[1 - comm.rank],

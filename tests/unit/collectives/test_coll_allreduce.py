@@ -204,6 +204,10 @@ def test_reduce_like_doubling_gives_the_exchanges_bits(size: int, dtype: str, op
     np.testing.assert_array_equal(out, exchanged)
     for x, y in zip(inputs, kept):
         np.testing.assert_array_equal(x, y)
+    for me in range(size):  # in place: the result over this member's own input
+        mine = [x.copy() for x in inputs]
+        reduce_like_doubling(mine, reducer(op, dtype), mine[me])
+        np.testing.assert_array_equal(mine[me], exchanged, err_msg=f"in place over input {me}")
     if size >= 4 and op == SUM:  # the order is what makes the bits
         seq = inputs[0].copy()
         for x in inputs[1:]:

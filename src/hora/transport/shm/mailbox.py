@@ -51,14 +51,14 @@ class Mailboxes:
         me = self.rank
         count = int(self._words[me][COUNT_WORD]) + 1
         box = self._boxes[count & 1][me]
-        nbytes = sum(memoryview(part).nbytes for part in parts)
+        views = [np.frombuffer(part, np.uint8) for part in parts]
+        nbytes = sum(v.size for v in views)
         fits = nbytes <= self.capacity
         if fits:
             at = _ENTRY.size
-            for part in parts:
-                got = np.frombuffer(part, np.uint8)
-                box[at : at + got.size] = got
-                at += got.size
+            for v in views:
+                box[at : at + v.size] = v
+                at += v.size
         _ENTRY.pack_into(box, 0, count, nbytes if fits else ON_PAIRS)  # type: ignore[arg-type]
         return count, fits
 
