@@ -63,3 +63,43 @@ def test_large_single_buffers_take_the_arena_where_ranks_outnumber_cores(
         assert out["mapped"] == (8 if crowded else 0), (rank, out)
         # three fused responses of 16 MiB: gathered where they lie only with a core each
         assert out["gathered"] == (0 if crowded else 3), (rank, out)
+
+
+def _medium(rank: int, cores: int) -> dict[str, Any]:
+    import numpy as np
+
+    import hora as hvd
+    import hora.backends.native as native
+    from hora.core.runtime import runtime
+
+    native._host_cores = lambda: cores  # a fake: the host's core count this test needs
+    hvd.init()
+    engine = runtime().engine
+    # 48 KiB of float32 whose sums round differently in different orders
+    x = np.random.default_rng(rank).standard_normal(12 << 10).astype(np.float32)
+    first = hvd.allreduce(x, op=hvd.Sum, name="m")  # negotiated: the backend's own call
+    later = [hvd.allreduce(x, op=hvd.Sum, name="m") for _ in range(3)]  # into direct mode
+    before = dict(engine.stats)
+    mapped = engine.executor.backend.mapped
+    later += [hvd.allreduce(x, op=hvd.Sum, name="m") for _ in range(20)]
+    got = {k: engine.stats[k] - before.get(k, 0) for k in ("lane", "exchanged", "spread")}
+    hvd.shutdown()
+    return {"same bits": all(np.array_equal(r, first) for r in later),
+            "mapped": engine.executor.backend.mapped - mapped, **got}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cores", "crowded"), [(1, True), (1024, False)],
+                         ids=["ranks-outnumber-cores", "a-core-each"])  # fmt: skip
+def test_a_medium_allreduce_goes_in_the_headers_where_ranks_outnumber_cores(
+        cores: int, crowded: bool) -> None:  # fmt: skip
+    """48 KiB at np=4: where ranks outnumber cores, in the round's headers, every member
+    reducing every input (one wait for the others); with a core each, staged through the arena
+    (the headers only up to 64 KiB / (n - 1)). Either way the bits of the backend's own call."""
+    for rank, out in enumerate(run_ranks(_medium, 4, args=(cores,), timeout=90)):
+        assert out["same bits"], rank
+        assert out["lane"] == 20, (rank, out)
+        if crowded:
+            assert out["exchanged"] == 20 and out["spread"] == 0 and out["mapped"] == 0, out
+        else:
+            assert out["spread"] == 20 and out["exchanged"] == 0 and out["mapped"] == 20, out

@@ -56,6 +56,15 @@ ARENA_BYTES = 128 << 20
 # makes for the allreduces it carries (hora.core.handover), up to the same size.
 MAPPED_MIN_BYTES = 64 << 10
 MANY_MAX_BYTES = 64 << 10
+# Where ranks outnumber cores (:func:`_crowded`), every wait for the others is a turn of every
+# rank on a core, and a single buffer up to this size takes the small-message path (in direct
+# mode the round's headers, which every member reduces where they lie in the mailboxes): one
+# wait, against the arena's two, for every member reducing every input. On 2 cores, blocking
+# allreduces, the two limits taking turns block by block in one job, headers / arena, us: np=3
+# 48 KiB 99 / 134, 96 KiB 128 / 130, 128 KiB 137 / 136; np=4 32 KiB 98 / 132, 64 KiB
+# 103-105 / 132, 96 KiB 235 / 260, 128 KiB 157 / 148; np=8 16 KiB 330 / 479, 64 KiB 409 / 515,
+# 96 KiB 551 / 522.
+CROWDED_HEADER_BYTES = 64 << 10
 MAPPED_MAX_BYTES = 8 << 20
 # In a set of two, through the arena in STAGED_SEGMENT_BYTES segments up to this size: there
 # the segments beat the single-copy reads to 16 MiB and more. The two ways taking turns block by
@@ -125,9 +134,12 @@ def _host_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _least_staged(comm: SetComm) -> int:
-    """The size above which a single buffer may go through the set's shared arena."""
+def _least_staged(comm: SetComm, arena: Arena | None = None) -> int:
+    """The size above which a single buffer may go through the set's shared arena ``arena``
+    (None: not open yet); up to it, the small-message path."""
     if comm.size > 2 and STORES_IN_ORDER:
+        if _crowded(comm, arena):
+            return CROWDED_HEADER_BYTES
         return MANY_MAX_BYTES // (comm.size - 1)
     return MAPPED_MIN_BYTES
 
@@ -199,7 +211,8 @@ class NativeBackend:
         staged = None  # else a single buffer staged through the arena
         if views is None and buf.nbytes > _least_staged(comm):
             arena = self._arena(comm)
-            staged = _staging(comm, buf, arena)
+            if buf.nbytes > _least_staged(comm, arena):
+                staged = _staging(comm, buf, arena)
         if views is None and staged is None:
             # host-aware: shared memory inside a host, hierarchical across hosts, else flat
             hierarchical.allreduce(comm, buf, dtype, op, hierarchical.layout_of(comm),
@@ -224,10 +237,16 @@ class NativeBackend:
     def spread_takes(self, comm: SetComm, nbytes: int) -> bool:
         """Whether :meth:`allreduce` stages a single buffer of ``nbytes`` through the set's
         open shared arena (:meth:`spread_in` then may)."""
-        if comm.size < 2 or nbytes <= _least_staged(comm):
-            return False
         arena = self._arenas.get(comm.process_set_id)
-        return arena is not None and nbytes <= _most_staged(comm, arena)
+        if comm.size < 2 or arena is None or nbytes <= _least_staged(comm, arena):
+            return False
+        return nbytes <= _most_staged(comm, arena)
+
+    def small_most(self, comm: SetComm) -> int:
+        """The size up to which :meth:`allreduce` reduces a single buffer with the
+        small-message path (recursive doubling, whose bits direct mode's hand-over makes for
+        the allreduces it carries in a round's headers: hora.core.handover)."""
+        return _least_staged(comm, self._arenas.get(comm.process_set_id))
 
     def spread_in(self, comm: SetComm, buf: np.ndarray) -> list[np.ndarray]:
         """Where :meth:`spread_takes` says: the first segment of ``buf`` staged into this

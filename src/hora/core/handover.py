@@ -34,9 +34,12 @@ exchange slots are a pair's): every member's header carries its inputs to every 
 and each member reduces all of them in the order of the backend's recursive doubling
 (``reduce_like_doubling``), so every member makes the same bits, and the backend's.
 The one exchange of headers then replaces the backend's log2(n) exchanges after it, for
-(n - 1) times the bytes, which pays where latency rules: at most :data:`MANY_MAX_BYTES` of
-inputs sent per member and round. With more ranks than cores every message is a wake-up of
-a rank that may wait for a core (np=4 on two cores: 4 KiB in 1.1 ms before, docs/benchmarks.md).
+(n - 1) times the bytes, which pays where latency rules: up to the size the backend reduces
+with those exchanges (:meth:`Executor.header_most`: in all, 64 KiB of inputs read per member
+and round; where ranks outnumber cores, up to 64 KiB a tensor, since every wait for the others
+is then a turn of every rank on a core, and the arena's staging takes two). With more ranks
+than cores every message is a wake-up of a rank that may wait for a core (np=4 on two cores: 4
+KiB in 1.1 ms before, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from hora.backends.base import SetComm
-from hora.backends.native import MANY_MAX_BYTES
 from hora.core.executor import EXCHANGE_MAX_BYTES, Executor, Spread, TensorEntry
 from hora.core.messages import OpType, TensorSpec
 from hora.core.response_cache import ResponseCache
@@ -89,9 +91,6 @@ _WAIT_MAX = 0.002
 # 512 KiB 0.076 / 0.071-0.072, 1 MiB 0.114-0.115 / 0.095-0.098, 2 MiB 0.189-0.192 /
 # 0.146-0.149, 3 MiB 0.263-0.267 / 0.198-0.202 (above 3 MiB the slots never took one alone)
 PAIR_SPREAD_MIN_BYTES = 256 << 10
-# in a set of more than two members, a member's inputs go in its header to each of the n - 1
-# others only while those n - 1 copies come to at most MANY_MAX_BYTES (the backend's, which
-# reduces larger ones in the set's shared arena)
 
 
 class Lent:
@@ -315,7 +314,7 @@ class HandOver:
             carried = ex.exchange_takes(comm, req.nbytes, 1)
             staged = req.nbytes >= PAIR_SPREAD_MIN_BYTES or not carried
         else:
-            carried = ex.native and req.nbytes <= MANY_MAX_BYTES // (n - 1)
+            carried = req.nbytes <= ex.header_most(comm)
             staged = not carried
         if staged and (n > 2 or self._offers_read(ms)):
             spread = ex.spread_in(comm, spec, entry)
@@ -386,9 +385,10 @@ class HandOver:
         comm = ms.comm
         self.stats["direct_rounds"] += 1
         ids = [cid]
-        headers = self._exchange(ms, encode_header(ids, SPREAD), (SPREAD, ids, b""))
-        if any(flags != SPREAD or their_ids != ids for flags, their_ids, _ in headers):
-            self._settle(ms, ids, None, headers)
+        mine = encode_header(ids, SPREAD)
+        payloads = self._swap(ms, (mine,), True)
+        if any(got is not None and got != mine for got in payloads):  # not all the same
+            self._settle(ms, ids, None, self._decoded(ms, payloads, (SPREAD, ids, b"")))
             return True
         del ms.ready[key]
         self._touch(ms, ids)
@@ -514,9 +514,9 @@ class HandOver:
 
     def _offer_many(self, ms: Member, ids: list[int]) -> Offer | None:
         """The inputs this member's header carries in a round of more than two members: those
-        of the first ready tensors (:func:`exchange_run`) while their n - 1 copies come to at
-        most :data:`MANY_MAX_BYTES`, in the header only."""
-        limit = MANY_MAX_BYTES // (ms.comm.size - 1)
+        of the first ready tensors (:func:`exchange_run`) up to the size the backend reduces
+        with its small-message path (:meth:`Executor.header_most`), in the header only."""
+        limit = self.executor.header_most(ms.comm)
         specs = [ms.cache.get(cid) for cid in ids]
         n = exchange_run(specs, min(limit, ms.direct.fusion_threshold))
         run = [s for s in specs[:n] if s is not None]

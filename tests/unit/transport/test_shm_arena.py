@@ -59,6 +59,11 @@ def _share(rank: int, refuse: int) -> dict[str, Any]:
     assert views is not None
     out["seen"] = [bool(np.array_equal(v, r * 1000 + np.arange(1000))) for r, v in enumerate(views)]
     out["not a view"] = arena.views(mine[1:]) is None and arena.views(mine.copy()) is None
+    # a region asked for again is the same views; as bytes or as float64 it is not the other
+    out["regions"] = [str(v[rank].dtype) for v in (
+        arena.region(0, 64, np.dtype(np.float64)), arena.region(0, 64), arena.region(0, 64),
+        arena.region(0, 64, np.dtype(np.float64)))]
+    out["region again"] = arena.region(0, 64) is arena.region(0, 64)
     signal(comm)
     views[(rank + 1) % comm.size][rank] = -1  # a write into the next member's part
     signal(comm)
@@ -117,6 +122,8 @@ def test_every_member_maps_every_part_and_a_refusal_stops_all() -> None:
         assert out["nbytes"] == 1 << 20
         assert out["seen"] == [True, True, True], rank
         assert out["not a view"], rank
+        assert out["regions"] == ["float64", "uint8", "uint8", "float64"], rank
+        assert out["region again"], rank
         assert out["written"] == -1, rank  # the previous member wrote into this part
         assert out["words at first"] == [0] * 8, rank
         assert out["words"] == [[r + 100] * 8 for r in range(3)], rank

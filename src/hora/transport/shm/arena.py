@@ -35,6 +35,7 @@ import os
 import platform
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,9 @@ log = logging.getLogger(__name__)
 # other member read single-copy both ways, and whether its host has more ranks than cores
 _HELLO = struct.Struct("<qqq16s??")
 _PAGE = 4096  # the head's first page: the token, then the words
-MAILBOX = 64 << 10  # bytes of each of a part's two mailboxes (Arena.mailboxes), after the page
+# bytes of each of a part's two mailboxes (Arena.mailboxes), after the page: a round's header
+# with 64 KiB of inputs fits (hora.core.handover)
+MAILBOX = (64 + 4) << 10
 HEAD = _PAGE + 2 * MAILBOX  # each part's own head, before what callers lay out
 _WORDS = 64  # the words' byte offset in the head (a cache line of their own)
 WORDS = 8  # int64 words per part (Arena.words)
@@ -78,6 +81,7 @@ class Arena:
         self._bytes = [w[HEAD:] for w in whole]
         self._boxes = [[w[_PAGE + k * MAILBOX : _PAGE + (k + 1) * MAILBOX] for w in whole]
                        for k in (0, 1)]  # fmt: skip
+        self._region: tuple[Any, list[np.ndarray]] = (None, [])  # the last region's views
         self._base = int(self._bytes[rank].ctypes.data)
 
     def mine(self, count: int, dtype: np.dtype) -> np.ndarray:
@@ -85,9 +89,17 @@ class Arena:
         return self._bytes[self.rank][: count * dtype.itemsize].view(dtype)
 
     def region(self, offset: int, nbytes: int, dtype: np.dtype | None = None) -> list[np.ndarray]:
-        """Bytes ``[offset, offset + nbytes)`` of every member's part (viewed as ``dtype``)."""
+        """Bytes ``[offset, offset + nbytes)`` of every member's part (viewed as ``dtype``).
+        The same list for the same region while it is the last one asked for (a loop of one
+        allreduce asks for the same one every call); not to be changed."""
+        key = (offset, nbytes, "" if dtype is None else np.dtype(dtype).str)  # (== None is
+        # True of float64)
+        if self._region[0] == key:
+            return self._region[1]
         parts = [b[offset : offset + nbytes] for b in self._bytes]
-        return parts if dtype is None else [p.view(dtype) for p in parts]
+        views = parts if dtype is None else [p.view(dtype) for p in parts]
+        self._region = (key, views)
+        return views
 
     def words(self) -> list[np.ndarray]:
         """Every member's :data:`WORDS` int64 words, by member, zero at first: what each tells
@@ -111,6 +123,7 @@ class Arena:
     def close(self) -> None:
         """Unmap everything (views into the arena must be gone) and let the memory go."""
         maps, self._maps, self._bytes, self._words = self._maps, [], [], []
+        self._region = (None, [])
         self._boxes = [[], []]
         for m in maps:
             with contextlib.suppress(BufferError):  # a view still held: unmapped with it
