@@ -103,3 +103,47 @@ def test_a_medium_allreduce_goes_in_the_headers_where_ranks_outnumber_cores(
             assert out["exchanged"] == 20 and out["spread"] == 0 and out["mapped"] == 0, out
         else:
             assert out["spread"] == 20 and out["exchanged"] == 0 and out["mapped"] == 20, out
+
+
+def _posted(rank: int, cores: int) -> dict[str, Any]:
+    import os
+
+    import numpy as np
+
+    import hora as hvd
+    import hora.backends.native as native
+    from hora.transport import tally
+
+    os.environ["HORA_FAST_PATH"] = "0"  # every allreduce a call of the backend's
+    native._host_cores = lambda: cores  # a fake: the host's core count this test needs
+    hvd.init()
+    n = hvd.size()
+    wrong, moved = [], []
+    for count, op in ((12 << 10, hvd.Sum), (1 << 10, hvd.Average), (16 << 10, hvd.Average)):
+        x = np.random.default_rng(rank + count).standard_normal(count).astype(np.float32)
+        name = f"t{count}"
+        first = hvd.allreduce(x, op=op, name=name)  # on the pairs: the arena may not be open
+        for i in range(6):
+            before = tally.snapshot()
+            got = hvd.allreduce(x, op=op, name=name) if i % 2 else \
+                hvd.allreduce(x.copy(), op=op, name=name, output=None)
+            moved.append(tally.since(before).get("mapped received", 0) // (x.nbytes * (n - 1)))
+            if not np.array_equal(got, first):
+                wrong.append(f"{count} call {i}")
+        inplace = x.copy()
+        hvd.allreduce(inplace, op=op, name=name, output=inplace)
+        if not np.array_equal(inplace, first):
+            wrong.append(f"{count} in place")
+    hvd.shutdown()
+    return {"wrong": wrong, "moved": moved}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [3, 4])
+def test_small_buffers_go_through_the_mailboxes_where_ranks_outnumber_cores(np_: int) -> None:
+    """Where ranks outnumber cores the backend reduces a single buffer up to 64 KiB after one
+    wait: every member posts it in its mailbox and reduces all of them where they lie, with
+    the bits of the recursive doubling on the pairs it takes before the arena is open."""
+    for rank, out in enumerate(run_ranks(_posted, np_, args=(1,), timeout=100)):
+        assert out["wrong"] == [], (rank, out["wrong"])
+        assert out["moved"] == [1] * 18, (rank, out["moved"])  # each member's read once

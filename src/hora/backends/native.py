@@ -15,6 +15,7 @@ from hora.backends.base import SetComm
 from hora.collectives import hierarchical, registry
 from hora.collectives.allreduce_mapped import (
     allreduce_mapped,
+    allreduce_posted,
     allreduce_staged,
     stage_in,
     staged_rest,
@@ -208,6 +209,15 @@ class NativeBackend:
         then only read, and may be read-only), and scale the result by ``post``."""
         arena = self._arenas.get(comm.process_set_id)
         views = arena.views(buf) if arena is not None else None  # the set's fusion buffer
+        if views is None and _crowded(comm, arena) and STORES_IN_ORDER \
+                and buf.nbytes <= CROWDED_HEADER_BYTES:  # one wait, in the mailboxes
+            red, left = reducer_scaled(comm.size, op, dtype, post)
+            check_buffer(buf if out is None else out, dtype)
+            assert arena is not None
+            allreduce_posted(comm, buf, self.mailboxes(comm), arena.words(),  # type: ignore[arg-type]
+                             red, out)  # fmt: skip
+            scale(buf if out is None else out, dtype, left)
+            return
         staged = None  # else a single buffer staged through the arena
         if views is None and buf.nbytes > _least_staged(comm):
             arena = self._arena(comm)

@@ -20,6 +20,8 @@ word costs a store, and a load per member polled.
 
 :func:`allreduce_staged` does the same for a buffer outside the arena (a single tensor), with
 one copy into the arena and one copy of the other members' blocks out of it.
+:func:`allreduce_posted`, for small buffers where ranks outnumber cores, posts each member's
+buffer in its mailbox of the arena, and every member reduces all of them: one wait.
 
 ``views[i]`` is member ``i``'s buffer (:meth:`hora.transport.shm.arena.Arena.views`); every
 member calls these with buffers of the same size, in the same order as every collective. Runs
@@ -33,10 +35,12 @@ from functools import partial
 
 import numpy as np
 
+from hora.collectives.allreduce_recursive_doubling import reduce_like_doubling
 from hora.collectives.base import Comm, offsets_of, split_even
 from hora.collectives.reduce_ops import Reducer
 from hora.transport import tally
 from hora.transport.shm.arena import STORES_IN_ORDER
+from hora.transport.shm.mailbox import COUNT_WORD, Mailboxes
 from hora.transport.shm.waiting import peer_closed, wait_words
 
 PIECE_BYTES = 256 << 10  # reduced, then written to the others, while in cache
@@ -54,6 +58,31 @@ def allreduce_mapped(comm: Comm, views: Sequence[np.ndarray], reduce: Reducer,
     signal(comm, words)
     _reduce_block(comm, views[me], views, reduce)
     signal(comm, words)
+
+
+def allreduce_posted(comm: Comm, buf: np.ndarray, boxes: Mailboxes, words: Sequence[np.ndarray],
+                     reduce: Reducer, out: np.ndarray | None = None) -> None:  # fmt: skip
+    """Reduce every member's ``buf`` (1-D; into ``out``, or in place) after one wait for the
+    others: each member posts its input in its mailbox of the arena
+    (:class:`~hora.transport.shm.mailbox.Mailboxes`, whose turns direct mode's headers take
+    too) and reduces every member's where it lies, in the order of recursive doubling
+    (:func:`reduce_like_doubling`), so with the bits of :func:`allreduce_recursive_doubling`.
+    Every member reduces all of it, which pays where ranks outnumber cores
+    (hora.backends.native): each wait for the others is then a turn of every rank on a core,
+    and recursive doubling takes log2(n) of them, the staged path two. ``buf`` must fit a
+    mailbox."""
+    n, me = comm.size, comm.rank
+    if buf.nbytes > boxes.capacity:
+        raise ValueError(f"{buf.nbytes} bytes do not fit a mailbox of {boxes.capacity}")
+    count = boxes.begin((buf.view(np.uint8),))[0]
+    boxes.commit(count)
+    wait_words(words, COUNT_WORD, count, [j for j in range(n) if j != me], partial(_check, comm))
+    parts = [buf if j == me else np.frombuffer(boxes.take(j, count, comm.pair(j), True), buf.dtype)
+             for j in range(n)]  # fmt: skip
+    reduce_like_doubling(parts, reduce, buf if out is None else out)
+    counts = tally.counts  # copied into this member's mailbox; read from every other's
+    counts[tally.MAPPED + tally.COPIED] += buf.nbytes
+    counts[tally.MAPPED + tally.RECEIVED] += (n - 1) * buf.nbytes
 
 
 def allreduce_staged(
