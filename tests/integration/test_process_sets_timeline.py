@@ -147,7 +147,9 @@ def test_steady_state_uses_cache_bits_and_fusion(fast_path: str) -> None:
         # op=Sum differs from the warm-up's Average: the first step re-negotiates in full
         assert delta["requests_full"] == 20, delta
         if fast_path == "1":  # cache bits once, then the members agree among themselves
-            assert delta["requests_cached"] == 20, delta
+            # (all 20, or fewer: rank 0 answers the first ones before the rest are submitted,
+            # with nothing else outstanding, and direct mode takes the rest; seen under load)
+            assert 0 < delta["requests_cached"] <= 20, delta
             assert delta["direct_rounds"] >= 3, delta
         else:  # cache bits to the coordinator at every step
             assert delta["requests_cached"] == 80, delta
