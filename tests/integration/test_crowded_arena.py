@@ -3,7 +3,8 @@ every single buffer above the small-message sizes through its shared arena, at a
 (hora.backends.native: the single-copy reads' messages each wake a rank that may wait for a
 core), and fused responses of large tensors too; where each rank has a core, buffers above
 MAPPED_MAX_BYTES take the single-copy reads, and such fused responses are gathered where their
-tensors lie.
+tensors lie. Up to 64 KiB there, a single buffer takes one wait: direct mode's headers, or the
+backend's post in the mailboxes, every member reducing every input.
 Real ranks; the host's core count is faked (``_host_cores``) so that both cases run on any
 machine. Results are checked, blocking and not, in place and not, Sum and Average."""
 
@@ -134,6 +135,18 @@ def _posted(rank: int, cores: int) -> dict[str, Any]:
         hvd.allreduce(inplace, op=op, name=name, output=inplace)
         if not np.array_equal(inplace, first):
             wrong.append(f"{count} in place")
+    # other dtypes and ops, through the mailboxes now that the arena is open: every rank's
+    # inputs are known everywhere, so the result is checked against NumPy's
+    for dtype, op, reduce in (("int32", hvd.Sum, np.sum), ("int64", hvd.Min, np.min),
+                              ("float64", hvd.Max, np.max), ("uint8", hvd.Max, np.max),
+                              ("float16", hvd.Sum, np.sum), ("bool", hvd.Max, np.max)):
+        ins = [(np.arange(3000) * (r + 3) % 17).astype(dtype) for r in range(n)]
+        before = tally.snapshot()
+        got = hvd.allreduce(ins[rank], op=op, name=f"d{dtype}")
+        moved.append(tally.since(before).get("mapped received", 0) // (ins[0].nbytes * (n - 1)))
+        want = reduce(np.stack(ins), axis=0).astype(dtype)
+        if got.dtype != want.dtype or not np.array_equal(got, want):
+            wrong.append(f"{dtype} {op}")
     hvd.shutdown()
     return {"wrong": wrong, "moved": moved}
 
@@ -146,4 +159,4 @@ def test_small_buffers_go_through_the_mailboxes_where_ranks_outnumber_cores(np_:
     the bits of the recursive doubling on the pairs it takes before the arena is open."""
     for rank, out in enumerate(run_ranks(_posted, np_, args=(1,), timeout=100)):
         assert out["wrong"] == [], (rank, out["wrong"])
-        assert out["moved"] == [1] * 18, (rank, out["moved"])  # each member's read once
+        assert out["moved"] == [1] * 24, (rank, out["moved"])  # each member's read once
