@@ -314,7 +314,7 @@ class HandOver:
             carried = ex.exchange_takes(comm, req.nbytes, 1)
             staged = req.nbytes >= PAIR_SPREAD_MIN_BYTES or not carried
         else:
-            carried = req.nbytes <= ex.header_most(comm)
+            carried = ex.native and req.nbytes <= ex.header_most(comm)
             staged = not carried
         if staged and (n > 2 or self._offers_read(ms)):
             spread = ex.spread_in(comm, spec, entry)
