@@ -17,15 +17,23 @@ import pytest
 from harness import run_ranks
 
 
+def _init(cores: int) -> Any:
+    """``hora``, initialized on a host faked to have ``cores`` cores."""
+    import hora as hvd
+    import hora.backends.native as native
+
+    native._host_cores = lambda: cores  # a fake: the host's core count the test needs
+    hvd.init()
+    return hvd
+
+
 def _large(rank: int, cores: int) -> dict[str, Any]:
     import numpy as np
 
-    import hora as hvd
     import hora.backends.native as native
     from hora.core.runtime import runtime
 
-    native._host_cores = lambda: cores  # a fake: the host's core count this test needs
-    hvd.init()
+    hvd = _init(cores)
     n = hvd.size()
     count = (native.MAPPED_MAX_BYTES + (4 << 20)) // 4  # 12 MiB of float32
     base = np.arange(count, dtype=np.float32) % 101
@@ -69,12 +77,9 @@ def test_large_single_buffers_take_the_arena_where_ranks_outnumber_cores(
 def _medium(rank: int, cores: int) -> dict[str, Any]:
     import numpy as np
 
-    import hora as hvd
-    import hora.backends.native as native
     from hora.core.runtime import runtime
 
-    native._host_cores = lambda: cores  # a fake: the host's core count this test needs
-    hvd.init()
+    hvd = _init(cores)
     engine = runtime().engine
     # 48 KiB of float32 whose sums round differently in different orders
     x = np.random.default_rng(rank).standard_normal(12 << 10).astype(np.float32)
@@ -111,15 +116,15 @@ def _posted(rank: int, cores: int) -> dict[str, Any]:
 
     import numpy as np
 
-    import hora as hvd
-    import hora.backends.native as native
     from hora.transport import tally
 
     os.environ["HORA_FAST_PATH"] = "0"  # every allreduce a call of the backend's
-    native._host_cores = lambda: cores  # a fake: the host's core count this test needs
-    hvd.init()
+    hvd = _init(cores)
     n = hvd.size()
     wrong, moved = [], []
+
+    def reads(before: dict[str, int], nbytes: int) -> None:  # each other member's input read
+        moved.append(tally.since(before).get("mapped received", 0) // (nbytes * (n - 1)))
     for count, op in ((12 << 10, hvd.Sum), (1 << 10, hvd.Average), (16 << 10, hvd.Average)):
         x = np.random.default_rng(rank + count).standard_normal(count).astype(np.float32)
         name = f"t{count}"
@@ -128,7 +133,7 @@ def _posted(rank: int, cores: int) -> dict[str, Any]:
             before = tally.snapshot()
             got = hvd.allreduce(x, op=op, name=name) if i % 2 else \
                 hvd.allreduce(x.copy(), op=op, name=name, output=None)
-            moved.append(tally.since(before).get("mapped received", 0) // (x.nbytes * (n - 1)))
+            reads(before, x.nbytes)
             if not np.array_equal(got, first):
                 wrong.append(f"{count} call {i}")
         inplace = x.copy()
@@ -143,7 +148,7 @@ def _posted(rank: int, cores: int) -> dict[str, Any]:
         ins = [(np.arange(3000) * (r + 3) % 17).astype(dtype) for r in range(n)]
         before = tally.snapshot()
         got = hvd.allreduce(ins[rank], op=op, name=f"d{dtype}")
-        moved.append(tally.since(before).get("mapped received", 0) // (ins[0].nbytes * (n - 1)))
+        reads(before, ins[0].nbytes)
         want = reduce(np.stack(ins), axis=0).astype(dtype)
         if got.dtype != want.dtype or not np.array_equal(got, want):
             wrong.append(f"{dtype} {op}")

@@ -210,7 +210,7 @@ class NativeBackend:
         arena = self._arenas.get(comm.process_set_id)
         views = arena.views(buf) if arena is not None else None  # the set's fusion buffer
         if views is None and _crowded(comm, arena) and STORES_IN_ORDER \
-                and buf.nbytes <= CROWDED_HEADER_BYTES:  # one wait, in the mailboxes
+                and buf.nbytes <= _least_staged(comm, arena):  # one wait, in the mailboxes
             red, left = reducer_scaled(comm.size, op, dtype, post)
             check_buffer(buf if out is None else out, dtype)
             assert arena is not None

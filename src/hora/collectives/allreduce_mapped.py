@@ -77,7 +77,7 @@ def allreduce_posted(comm: Comm, buf: np.ndarray, boxes: Mailboxes, words: Seque
     count = boxes.begin((buf.view(np.uint8),))[0]
     boxes.commit(count)
     wait_words(words, COUNT_WORD, count, [j for j in range(n) if j != me], partial(_check, comm))
-    parts = [buf if j == me else np.frombuffer(boxes.take(j, count, comm.pair(j), True), buf.dtype)
+    parts = [buf if j == me else np.frombuffer(boxes.take(j, count, comm.pair(j)), buf.dtype)
              for j in range(n)]  # fmt: skip
     reduce_like_doubling(parts, reduce, buf if out is None else out)
     counts = tally.counts  # copied into this member's mailbox; read from every other's

@@ -369,8 +369,9 @@ class Executor:
     def header_most(self, comm: SetComm) -> int:
         """In a set of more than two members, the most bytes of allreduces a round's header
         hands over (hora.core.handover): what hora's own backend reduces with its
-        small-message path, whose bits the hand-over makes; 0 with another backend."""
-        return int(self.backend.small_most(comm)) if self.native else 0  # type: ignore[attr-defined]
+        small-message path, whose bits the hand-over makes; -1 (none, not even a tensor of no
+        bytes) with another backend."""
+        return int(self.backend.small_most(comm)) if self.native else -1  # type: ignore[attr-defined]
 
     def exchange_takes(self, comm: SetComm, nbytes: int, count: int) -> bool:
         """Whether one hand-over carries ``count`` allreduces of ``nbytes`` together in this

@@ -411,7 +411,7 @@ class DirectRounds(HandOver):
     def _exchange(self, ms: MemberState, mine: bytes, own: Header) -> list[Header]:
         """Send this member's header (``mine``; ``own``, decoded) to the others and wait for
         theirs (:meth:`_swap`): every member's, decoded, in member order."""
-        return self._decoded(ms, self._swap(ms, (mine,), False), own)
+        return self._decoded(ms, self._swap(ms, (mine,)), own)
 
     def _decoded(self, ms: MemberState, payloads: list[Any], own: Header) -> list[Header]:
         """The headers of a round (:meth:`_swap`'s ``payloads``; ``own``, this member's),
@@ -420,16 +420,16 @@ class DirectRounds(HandOver):
         return [own if got is None else decode_header(bytes(got), ranks[p])
                 for p, got in enumerate(payloads)]
 
-    def _swap(self, ms: MemberState, mine: Sequence[Any], in_place: bool) -> list[Any]:
+    def _swap(self, ms: MemberState, mine: Sequence[Any]) -> list[Any]:
         """Send this member's header (the byte-like parts ``mine``, written one after the
         other) to the others and wait for theirs, serving control messages and wake-ups
         meanwhile: every other member's header as it came, in member order (None at this
         member's place). A shutdown does not end the wait: every other member sends its
         header for this round, or ``STOP`` once it shuts down. In a set of more than two
         members with a shared arena the headers go through its mailboxes
-        (:mod:`hora.transport.shm.mailbox`): each written once, and polled for; ``in_place``:
-        those are views of the mailboxes, not copies, which hold them until this member
-        posts its next header (:meth:`Mailboxes.take`)."""
+        (:mod:`hora.transport.shm.mailbox`): each written once, and polled for, and given here
+        as a view of the mailbox, which holds it until this member posts its next header
+        (:meth:`Mailboxes.take`)."""
         comm = ms.comm
         payloads: list[Any] = [None] * comm.size
         peers = ms.peers
@@ -457,7 +457,7 @@ class DirectRounds(HandOver):
             for fd, (p, pair) in peers.items():
                 if boxes.posted(p, count):
                     del waiting[fd]
-                    payloads[p] = self._posted(boxes, count, p, pair, comm, in_place)
+                    payloads[p] = self._posted(boxes, count, p, pair, comm)
             if not waiting:
                 return payloads
         poller = self._round_poller(ms)
@@ -480,7 +480,7 @@ class DirectRounds(HandOver):
                         if boxes.posted(p, count):
                             del waiting[fd]
                             poller.unregister(fd)
-                            payloads[p] = self._posted(boxes, count, p, pair, comm, in_place)
+                            payloads[p] = self._posted(boxes, count, p, pair, comm)
                     if not waiting:
                         break
                 events = poller.poll(0 if spin or boxes is not None else 500.0)
@@ -528,11 +528,10 @@ class DirectRounds(HandOver):
             return None
         return self.executor.mailboxes(ms.comm)
 
-    def _posted(self, boxes: Mailboxes, count: int, p: int, pair: Pair, comm: SetComm,
-                in_place: bool) -> Any:  # fmt: skip
+    def _posted(self, boxes: Mailboxes, count: int, p: int, pair: Pair, comm: SetComm) -> Any:
         """Member ``p``'s header, posted in its mailbox (or, too large, on ``pair``)."""
         try:
-            return boxes.take(p, count, pair, in_place)
+            return boxes.take(p, count, pair)
         except TransportError as e:
             raise self._peer_gone(comm.ranks[p]) from e
 

@@ -277,7 +277,7 @@ class HandOver:
     def _touch(self, ms: Member, ids: list[int]) -> None: ...
     def _exchange(self, ms: Any, mine: bytes, own: Header) -> list[Header]:
         raise NotImplementedError
-    def _swap(self, ms: Any, mine: Sequence[Any], in_place: bool) -> list[Any]:
+    def _swap(self, ms: Any, mine: Sequence[Any]) -> list[Any]:
         raise NotImplementedError
     def _decoded(self, ms: Any, payloads: list[Any], own: Header) -> list[Header]:
         raise NotImplementedError
@@ -314,7 +314,7 @@ class HandOver:
             carried = ex.exchange_takes(comm, req.nbytes, 1)
             staged = req.nbytes >= PAIR_SPREAD_MIN_BYTES or not carried
         else:
-            carried = ex.native and req.nbytes <= ex.header_most(comm)
+            carried = req.nbytes <= ex.header_most(comm)
             staged = not carried
         if staged and (n > 2 or self._offers_read(ms)):
             spread = ex.spread_in(comm, spec, entry)
@@ -336,7 +336,7 @@ class HandOver:
         parts = None
         if slot < 0:  # the inputs follow the header's start (the same bytes on every member)
             flags, start = DATA, lane_start(cid)
-            payloads = self._swap(ms, (start, inputs.view(np.uint8)), True)
+            payloads = self._swap(ms, (start, inputs.view(np.uint8)))
             parts = handed_alike(payloads, start, inputs)
             if parts is None:  # some other header: copied out of the mailboxes, decoded
                 headers = self._decoded(ms, payloads, (flags, ids, b""))
@@ -386,7 +386,7 @@ class HandOver:
         self.stats["direct_rounds"] += 1
         ids = [cid]
         mine = encode_header(ids, SPREAD)
-        payloads = self._swap(ms, (mine,), True)
+        payloads = self._swap(ms, (mine,))
         if any(got is not None and got != mine for got in payloads):  # not all the same
             self._settle(ms, ids, None, self._decoded(ms, payloads, (SPREAD, ids, b"")))
             return True
@@ -435,32 +435,31 @@ class HandOver:
         exchange slot (its word says so), so that this member's part of the arena is its own
         until its next header (:meth:`_spread` stages there before it). A caller that waits
         for its op anyway waits for the word up to :data:`_WAIT_MAX` seconds."""
-        if not ms.offered:
-            return True
-        words = self.executor.exchange_words(ms.comm) if STORES_IN_ORDER else None
-        if words is None:
-            return False
-        theirs = words[1 - ms.comm.rank]
-        if theirs[0] < ms.offered and self._caller_turn:  # it may be reducing the last one
-            deadline = time.perf_counter() + _WAIT_MAX
-            while theirs[0] < ms.offered and time.perf_counter() < deadline:
-                pass
-        return bool(theirs[0] >= ms.offered)
+        return not ms.offered or bool(self._read_by_other(ms, _WAIT_MAX))
 
     def _free_slot(self, ms: Member, nbytes: int) -> int:
         """The slot a fresh offer of ``nbytes`` fills: the last one's, if the other member is
         done with it (a caller that waits for its op anyway waits briefly for that, from
         :data:`_WAIT_MIN_BYTES`), else the other."""
-        last = ms.slot ^ 1
-        words = self.executor.exchange_words(ms.comm) if STORES_IN_ORDER and ms.offered else None
-        if words is None:
+        if not ms.offered:
             return ms.slot
+        wait = min(nbytes / _WAIT_BYTES_PER_S, _WAIT_MAX) if nbytes >= _WAIT_MIN_BYTES else 0.0
+        return ms.slot ^ 1 if self._read_by_other(ms, wait) else ms.slot
+
+    def _read_by_other(self, ms: Member, wait: float) -> bool | None:
+        """Whether the other member of a pair has read every offer this member made in an
+        exchange slot (its word in its arena head says so), waiting for the word up to
+        ``wait`` seconds where the caller waits for its op anyway; None where no word can say
+        (no arena open, or stores that other cores may see out of order)."""
+        words = self.executor.exchange_words(ms.comm) if STORES_IN_ORDER else None
+        if words is None:
+            return None
         theirs = words[1 - ms.comm.rank]
-        if theirs[0] < ms.offered and nbytes >= _WAIT_MIN_BYTES and self._caller_turn:
-            deadline = time.perf_counter() + min(nbytes / _WAIT_BYTES_PER_S, _WAIT_MAX)
+        if theirs[0] < ms.offered and wait > 0 and self._caller_turn:
+            deadline = time.perf_counter() + wait
             while theirs[0] < ms.offered and time.perf_counter() < deadline:
                 pass
-        return ms.slot if theirs[0] < ms.offered else last
+        return bool(theirs[0] >= ms.offered)
 
     def _offer(self, ms: Member, ids: list[int]) -> Offer | None:
         """The inputs this member hands over with its header in a two-member round: those of

@@ -70,11 +70,11 @@ class Mailboxes:
         """Whether ``member`` has posted its post ``count``."""
         return bool(self._words[member][COUNT_WORD] >= count)
 
-    def take(self, member: int, count: int, pair: Pair, in_place: bool = False) -> Any:
-        """``member``'s post ``count`` (:meth:`posted`), from its mailbox or from ``pair``.
-        ``in_place``: a view of the mailbox, not a copy; it holds the post until this member
-        posts its next one (the member writes this mailbox again only once every other
-        member has posted after this one, which this member does next)."""
+    def take(self, member: int, count: int, pair: Pair) -> Any:
+        """``member``'s post ``count`` (:meth:`posted`): a view of its mailbox, which holds the
+        post until this member posts its next one (the member writes this mailbox again only
+        once every other member has posted after this one, which this member does next), or
+        the bytes from ``pair``. A caller that keeps it longer copies it."""
         box = self._boxes[count & 1][member]
         got, nbytes = _ENTRY.unpack_from(box, 0)  # type: ignore[arg-type]
         if got != count:
@@ -84,5 +84,4 @@ class Mailboxes:
             return pair.recv_msg()
         if nbytes > self.capacity:
             raise TransportError(f"mailbox of set member {member} says {nbytes} bytes")
-        body = box[_ENTRY.size : _ENTRY.size + nbytes]
-        return memoryview(body) if in_place else body.tobytes()  # type: ignore[arg-type]
+        return memoryview(box[_ENTRY.size : _ENTRY.size + nbytes])  # type: ignore[arg-type]
