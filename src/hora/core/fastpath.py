@@ -88,6 +88,7 @@ BARRIER = 32  # the header's flag: this member waits in a barrier
 # member on each side, and a wake-up); the member polling naps up to _NAP_MAX seconds between
 # polls (hora.transport.shm.waiting.sleep_nap)
 MAILBOX_MIN_MEMBERS = 3
+MAILBOX_LOOKS = 16  # a caller's looks at the mailboxes before its round's poller (_mailbox_wait)
 _NAP_MAX = 500e-6
 
 
@@ -453,11 +454,8 @@ class DirectRounds(HandOver):
         if not peers:
             return payloads
         waiting = dict(peers)
-        if boxes is not None:  # the headers posted already are taken without the poller
-            for fd, (p, pair) in peers.items():
-                if boxes.posted(p, count):
-                    del waiting[fd]
-                    payloads[p] = self._posted(boxes, count, p, pair, comm)
+        if boxes is not None:  # the headers posted already, or soon, are taken without the poller
+            self._mailbox_wait(boxes, count, waiting, payloads, comm)
             if not waiting:
                 return payloads
         poller = self._round_poller(ms)
@@ -518,6 +516,27 @@ class DirectRounds(HandOver):
                 if fd not in waiting:
                     poller.register(fd, select.POLLIN)
         return payloads
+
+    def _mailbox_wait(self, boxes: Mailboxes, count: int, waiting: dict[int, tuple[int, Pair]],
+                      payloads: list[Any], comm: SetComm) -> None:
+        """Take the headers posted for round ``count`` into ``payloads``, and those members out
+        of ``waiting``. A caller running its own round looks :data:`MAILBOX_LOOKS` times before
+        it goes on to the poller (yielding its core between looks where ranks outnumber cores):
+        the poller's set-up and system calls cost about as much as the header a rank waits for,
+        and where two ranks share a core each look after the first comes once the other rank
+        yields its core. What the poller serves meanwhile (control messages, wake-ups, a peer
+        gone) waits that long."""
+        looks = MAILBOX_LOOKS if self._caller_turn and self.spin_s else 1
+        while True:
+            for fd, (p, pair) in list(waiting.items()):
+                if boxes.posted(p, count):
+                    del waiting[fd]
+                    payloads[p] = self._posted(boxes, count, p, pair, comm)
+            looks -= 1
+            if not waiting or not looks:
+                return
+            if self.spin_yield:
+                os.sched_yield()
 
     def _mailboxes(self, ms: MemberState) -> Mailboxes | None:
         """The mailboxes a round's headers go through in this set; None: on the pairs. The

@@ -23,8 +23,6 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from hora.errors import TransportError
 from hora.transport.base import Pair
 from hora.transport.shm.arena import Arena
@@ -41,7 +39,8 @@ class Mailboxes:
     def __init__(self, arena: Arena) -> None:
         self.rank = arena.rank
         self._words = arena.words()
-        self._boxes = (arena.mailboxes(0), arena.mailboxes(1))
+        # as memoryviews: a slice of one, or a copy into one, costs less than of an array
+        self._boxes = tuple([memoryview(b) for b in arena.mailboxes(k)] for k in (0, 1))
         self.capacity = len(self._boxes[0][self.rank]) - _ENTRY.size
 
     def begin(self, parts: Sequence[Any]) -> tuple[int, bool]:
@@ -51,16 +50,17 @@ class Mailboxes:
         me = self.rank
         count = int(self._words[me][COUNT_WORD]) + 1
         box = self._boxes[count & 1][me]
-        views = [np.frombuffer(part, np.uint8) for part in parts]
-        nbytes = sum(v.size for v in views)
-        fits = nbytes <= self.capacity
-        if fits:
-            at = _ENTRY.size
-            for v in views:
-                box[at : at + v.size] = v
-                at += v.size
-        _ENTRY.pack_into(box, 0, count, nbytes if fits else ON_PAIRS)  # type: ignore[arg-type]
-        return count, fits
+        at, end = _ENTRY.size, len(box)
+        for part in parts:
+            view = memoryview(part).cast("B")
+            to = at + len(view)
+            if to > end:  # on the pairs (what is written of it here is never read)
+                _ENTRY.pack_into(box, 0, count, ON_PAIRS)
+                return count, False
+            box[at:to] = view
+            at = to
+        _ENTRY.pack_into(box, 0, count, at - _ENTRY.size)
+        return count, True
 
     def commit(self, count: int) -> None:
         """The others may read post ``count`` (its message is written, or sent on the pairs)."""
@@ -76,7 +76,7 @@ class Mailboxes:
         once every other member has posted after this one, which this member does next), or
         the bytes from ``pair``. A caller that keeps it longer copies it."""
         box = self._boxes[count & 1][member]
-        got, nbytes = _ENTRY.unpack_from(box, 0)  # type: ignore[arg-type]
+        got, nbytes = _ENTRY.unpack_from(box, 0)
         if got != count:
             raise TransportError(f"mailbox of set member {member} holds post {got}, not {count}: "
                                  "the members' posts are out of step")
@@ -84,4 +84,4 @@ class Mailboxes:
             return pair.recv_msg()
         if nbytes > self.capacity:
             raise TransportError(f"mailbox of set member {member} says {nbytes} bytes")
-        return memoryview(box[_ENTRY.size : _ENTRY.size + nbytes])  # type: ignore[arg-type]
+        return box[_ENTRY.size : _ENTRY.size + nbytes]
