@@ -40,7 +40,7 @@ class Mailboxes:
         self.rank = arena.rank
         self._words = arena.words()
         # as memoryviews: a slice of one, or a copy into one, costs less than of an array
-        self._boxes = tuple([memoryview(b) for b in arena.mailboxes(k)] for k in (0, 1))
+        self._boxes = tuple([b.data for b in arena.mailboxes(k)] for k in (0, 1))
         self.capacity = len(self._boxes[0][self.rank]) - _ENTRY.size
 
     def begin(self, parts: Sequence[Any]) -> tuple[int, bool]:
