@@ -25,6 +25,7 @@ from hora.core.process_sets import ProcessSet, resolve
 from hora.dtypes import name_of, storage_dtype
 
 _OPS = {AVERAGE, SUM, ADASUM, MIN, MAX, PRODUCT}
+_KINDS = {kind: kind.name.lower() for kind in OpType}  # the names' prefixes
 
 _handles = HandleTable()
 # ``waits``: set while a blocking form submits (caller_waits); ``ready``: the next submission's
@@ -37,6 +38,10 @@ Finalize = Callable[[Any], Any] | None
 # training loop submits the same tensors step after step
 _requests: dict[tuple[Any, ...], Request] = {}
 _REQUESTS_KEPT = 4096
+# the same, for one named NumPy array in its own dtype (a blocking loop's call): by the name
+# as given and the array's dtype, so that such a call finds its request before it names,
+# validates or views anything
+_plain: dict[tuple[Any, ...], Request] = {}
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -237,7 +242,17 @@ def _prepare(
     changed once submitted), instead of validating and building it again.
     """
     handle = Handle()
-    names = _names(kind.name.lower(), name, len(arrays) if grouped else None, ps_id)
+    plain = None  # the key of _plain, for one named array that may be in it
+    if reuse is not None and name and not grouped and dtype is None and convert is None \
+            and len(arrays) == 1:
+        x = arrays[0]
+        if type(x) is np.ndarray and x.flags.c_contiguous:
+            plain = (kind, ps_id, reuse, name, x.dtype, x.shape)
+            req = _plain.get(plain)
+            if req is not None:
+                handle._finalize = finalize
+                return [req], [x], handle
+    names = _names(_KINDS[kind], name, len(arrays) if grouped else None, ps_id)
     dtypes = _per_array(dtype, len(arrays))
     reqs, arrs, udts = [], [], []
     same = True  # every result comes back in the user's dtype as it is
@@ -252,7 +267,10 @@ def _prepare(
             if key is not None:
                 if len(_requests) >= _REQUESTS_KEPT:
                     _requests.clear()
+                    _plain.clear()
                 _requests[key] = req
+        if plain is not None and arr is x:  # in its own dtype, as it came
+            _plain[plain] = req
         reqs.append(req)
         arrs.append(arr)
         udts.append(udt)

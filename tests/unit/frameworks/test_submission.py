@@ -82,6 +82,22 @@ def test_anything_that_changes_the_request_makes_a_new_one(
     )  # fmt: skip
 
 
+def test_a_reused_request_still_takes_what_the_call_says(submitted: list[Request]) -> None:
+    """A named array submitted again finds its request before anything is checked or named
+    (submit._plain); what that lookup does not cover still goes the long way."""
+    x = np.arange(12, dtype=np.int16)
+    hvd.allreduce(x[:6], name="again", op=hvd.Sum)
+    hvd.allreduce(x[:6], name="again", op=hvd.Sum)
+    assert submitted[0] is submitted[1] and submitted[0].dtype == "int16"
+    with pytest.raises(ValueError, match="contiguous"):  # the same shape, strided
+        hvd.allreduce(x[::2], name="again", op=hvd.Sum)
+    hvd.allreduce(x[:6], name="again", op=hvd.Sum, dtype="bfloat16")  # int16 storage
+    hvd.allreduce(x[:6].view(np.uint16), name="again", op=hvd.Sum)
+    assert [r.dtype for r in submitted[2:]] == ["bfloat16", "uint16"]
+    hvd.allreduce(x[:6], name="again", op=hvd.Sum)
+    assert submitted[4] is submitted[0]
+
+
 def test_unnamed_ops_are_named_anew_each_time(submitted: list[Request]) -> None:
     x = np.ones(3, np.float32)
     hvd.allreduce(x)
