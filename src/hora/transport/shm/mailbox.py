@@ -29,7 +29,11 @@ from hora.transport.shm.arena import Arena
 
 COUNT_WORD = 2  # the arena word a member counts its posts in (0, 1: hora.core.handover,
 # hora.collectives.allreduce_mapped)
-_ENTRY = struct.Struct("<qI")  # the post's count, then its bytes (ON_PAIRS: sent on the pairs)
+# the post's count, then its bytes (ON_PAIRS: sent on the pairs), padded to 40 bytes: what is
+# posted begins at a multiple of 8 bytes, where an array of any dtype lies aligned (misaligned
+# float64 sums take twice as long), and the inputs a round's header hands over, 24 bytes into it
+# (hora.core.handover.lane_start), at the start of a cache line
+_ENTRY = struct.Struct("<qI28x")
 ON_PAIRS = 0xFFFFFFFF
 
 
