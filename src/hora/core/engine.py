@@ -121,9 +121,10 @@ class Engine(DirectRounds):
         self._stopped = threading.Event()
         # counters for tests and debugging: requests sent in full or as cache bits, responses
         # executed, tensors that travelled inside a fused response
-        self.stats = {"requests_full": 0, "requests_cached": 0, "responses": 0, "fused": 0,
-                      "direct_rounds": 0, "direct_exits": 0, "exchanged": 0, "exchanged_shared": 0,
-                      "exchanged_many": 0, "slot_reused": 0, "lane": 0, "spread": 0}
+        self.stats = dict.fromkeys(
+            ("requests_full", "requests_cached", "responses", "fused", "direct_rounds",
+             "direct_exits", "exchanged", "exchanged_shared", "exchanged_many", "slot_reused",
+             "lane", "spread", "express", "express_left"), 0)
         # The turn: held by whichever thread does the engine's work, the engine thread or a
         # caller running its own op in direct mode (enqueue(inline=True)); never both.
         self._turn = threading.Lock()

@@ -451,18 +451,19 @@ class Executor:
             if len(parts) == 2:
                 results.append(self.exchanged(spec, entry, parts[me], parts[1 - me], shared))
             else:
-                results.append(self.reduced_in_order(spec, entry, parts))
+                results.append(self.reduced_in_order(spec, entry.output, parts))
             at += n
         self._act(names, None)
         return results
 
     @staticmethod
-    def reduced_in_order(spec: TensorSpec, entry: TensorEntry,
+    def reduced_in_order(spec: TensorSpec, output: np.ndarray | None,
                          parts: list[np.ndarray]) -> np.ndarray:  # fmt: skip
         """The result of an allreduce from every member's prescaled inputs (``parts``, in
-        member order), reduced in the order of the backend's recursive doubling: its bits."""
+        member order), reduced in the order of the backend's recursive doubling (its bits)
+        into ``output`` (the caller's, or a new array)."""
         req = spec.request
-        out = np.empty_like(parts[0]) if entry.output is None else entry.output.reshape(-1)
+        out = np.empty_like(parts[0]) if output is None else output.reshape(-1)
         op, post = _summed(req, len(parts))
         reduce_like_doubling(parts, reducer(op, req.dtype), out)
         scale(out, req.dtype, post)

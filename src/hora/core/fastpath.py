@@ -57,6 +57,7 @@ from typing import Any
 from hora.backends.base import SetComm
 from hora.core.controller import Coordinator, fuse
 from hora.core.executor import Executor, TensorEntry
+from hora.core.express import ExpressLane
 from hora.core.handover import (
     DATA,
     HEAD,
@@ -219,7 +220,7 @@ class MemberState:
         return None
 
 
-class DirectRounds(HandOver):
+class DirectRounds(ExpressLane, HandOver):
     """The engine's side of direct mode (a mixin of :class:`~hora.core.engine.Engine`, whose
     state it uses as declared here)."""
 
@@ -266,29 +267,38 @@ class DirectRounds(HandOver):
                 return False
             self._inline_runs += 1
             self._hold(ms, entries)
-            keys = [e.spec_request.match for e in entries]
-            table = ms.table
-            self._caller_turn = True
-            if self.spin_yield:  # the backend's receives in this thread poll, yielding
-                yield_while_waiting(self.spin_s)
-            try:
-                one = keys[0] if len(keys) == 1 else None  # the blocking call's one tensor
-                while ms.direct.active and (one in table if one is not None
-                                            else any(k in table for k in keys)):
-                    if self._closing or self._stop_requested:
-                        break
-                    self._round(ms)
-            except BaseException as e:  # the engine thread fails everything, as its own
-                self._inline_error = e
-            finally:
-                self._caller_turn = False
-                if self.spin_yield:
-                    yield_while_waiting(0.0)
+            self._caller_rounds(ms, [e.spec_request.match for e in entries])
         finally:
             self._turn.release()
         if ms.table or self._inline_error is not None or self._stop_requested or self._closing:
             self._wake()  # the engine thread goes on with what is left
         return True
+
+    def _caller_rounds(self, ms: MemberState, keys: list[str],
+                       first: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """A caller's rounds (holding the engine's turn) until the entries of ``keys`` are
+        done, direct mode ends or the engine stops; ``first``: a round already under way, to
+        finish first (the express lane's, hora.core.express). An error is the engine thread's
+        to raise: it fails everything, as its own."""
+        table = ms.table
+        self._caller_turn = True
+        if self.spin_yield:  # the backend's receives in this thread poll, yielding
+            yield_while_waiting(self.spin_s)
+        try:
+            if first is not None:
+                first()
+            one = keys[0] if len(keys) == 1 else None  # the blocking call's one tensor
+            while ms.direct.active and (one in table if one is not None
+                                        else any(k in table for k in keys)):
+                if self._closing or self._stop_requested:
+                    break
+                self._round(ms)
+        except BaseException as e:
+            self._inline_error = e
+        finally:
+            self._caller_turn = False
+            if self.spin_yield:
+                yield_while_waiting(0.0)
 
     def _hold(self, ms: MemberState, entries: list[TensorEntry]) -> None:
         """Direct mode's drain: entries wait in the table for the next round."""

@@ -283,6 +283,8 @@ class HandOver:
         raise NotImplementedError
     def _settle(self, ms: Any, ids: list[int], offer: Offer | None,
                 headers: list[Header]) -> None: ...  # fmt: skip
+    def _remember(self, ms: Any, entry: TensorEntry, cid: int, spec: TensorSpec,
+                  start: bytes) -> None: ...  # fmt: skip
 
     def _lane(self, ms: Any) -> bool:
         """A round in the steady state of one allreduce at a time (a blocking call, its
@@ -361,7 +363,9 @@ class HandOver:
         self.stats["exchanged" if slot < 0 else "exchanged_shared"] += 1
         self.stats["lane"] += 1
         if n > 2:
-            result = ex.reduced_in_order(spec, entry, parts)
+            if inputs is array:  # as they lie: the caller's next call may take the express lane
+                self._remember(ms, entry, cid, spec, lane_start(cid))
+            result = ex.reduced_in_order(spec, entry.output, parts)
         else:  # never made over inputs that lie in the caller's array or in the slot
             result = ex.exchanged(spec, entry, inputs, parts[1 - comm.rank],
                                   inputs is array or slot >= 0)

@@ -251,6 +251,7 @@ def _prepare(
             req = _plain.get(plain)
             if req is not None:
                 handle._finalize = finalize
+                _caller.plain = (x, req, ps_id)
                 return [req], [x], handle
     names = _names(_KINDS[kind], name, len(arrays) if grouped else None, ps_id)
     dtypes = _per_array(dtype, len(arrays))
@@ -271,6 +272,7 @@ def _prepare(
                 _requests[key] = req
         if plain is not None and arr is x:  # in its own dtype, as it came
             _plain[plain] = req
+            _caller.plain = (x, req, ps_id)
         reqs.append(req)
         arrs.append(arr)
         udts.append(udt)
@@ -287,6 +289,16 @@ def _prepare(
 
     handle._finalize = post
     return reqs, arrs, handle
+
+
+def last_plain(array: Any) -> tuple[Request, int] | None:
+    """The request, and its set, that this thread's last submission made or found in
+    ``_plain`` for ``array`` (None: it did not); taken once."""
+    plain = getattr(_caller, "plain", None)
+    _caller.plain = None
+    if plain is None or plain[0] is not array:
+        return None
+    return plain[1], plain[2]
 
 
 def _per_array(dtype: Any, n: int) -> list[str | None]:

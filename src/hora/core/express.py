@@ -1,0 +1,193 @@
+"""The express lane: a blocking allreduce called again as before, run again at once.
+
+A loop that calls one blocking allreduce over and over (a benchmark, a training step that
+reduces one buffer) takes, in direct mode's steady state, the lane's round every time
+(:meth:`hora.core.handover.HandOver._lane`): its caller builds an entry and a handle, the
+engine holds the entry in its table, looks the request up in the response cache, and the lane
+checks again that the one tensor held is a cached allreduce that the set's mailboxes hand
+over in the round's header. Where ranks outnumber cores every microsecond of that is paid
+twice, as the other rank on the core waits for it.
+
+What the lane found holds again while nothing it rests on has changed: the same request
+(the op surface submits one request object for a named array submitted as before), the same
+cache entry, the same mailboxes (the same arena), and the member holding nothing else, its
+engine idle. Then the call posts its header and reduces the others' inputs where they lie, as
+the lane does, with the same bits, and nothing between: :meth:`ExpressLane.express`.
+
+Whatever the others' headers say besides the same tensor, the call becomes the entry it
+would have been (the op surface makes it then), held as :meth:`_hold` holds it, and the round
+goes on as the lane's would (:meth:`_settle`), then the caller's rounds as any caller's. An
+error in the round is the caller's as in :meth:`_run_inline`: the entry fails with the
+engine's shutdown error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hora.core.executor import Executor, TensorEntry
+from hora.core.handles import Handle
+from hora.core.handover import DATA, Header, Offer, handed_alike
+from hora.core.messages import Request, TensorSpec
+from hora.transport.shm.mailbox import Mailboxes
+
+# the entry and handle a call becomes when it leaves the express lane (made by the op surface)
+Held = Callable[[], tuple[Handle, TensorEntry]]
+EXPRESS_KEPT = 256  # the requests an engine remembers the lane's findings for (then anew)
+
+
+@dataclass(frozen=True)
+class Express:
+    """What the lane took for one blocking allreduce the last time: ``req``, the request its
+    caller submitted, is cache entry ``cid`` (``spec``) of member state ``ms``, handed over in
+    headers beginning ``start`` through the mailboxes ``boxes``."""
+
+    req: Request
+    ps_id: int
+    ms: Any  # hora.core.fastpath.MemberState
+    cid: int
+    spec: TensorSpec
+    start: bytes
+    boxes: Mailboxes
+
+
+class ExpressLane:
+    """The engine's side of the express lane (a mixin of
+    :class:`~hora.core.fastpath.DirectRounds`, whose state it uses as declared here)."""
+
+    executor: Executor
+    stats: dict[str, int]
+    timeline: Any
+    members: dict[int, Any]
+    _queue: list[Any]
+    _stopped: threading.Event
+    _stop_requested: bool
+    _closing: bool
+    _turn: threading.Lock
+    _inline_runs: int
+    _inline_error: BaseException | None
+    _caller_turn: bool
+    _expresses: dict[int, Express] | None = None  # by id(req), at most EXPRESS_KEPT
+
+    # provided by DirectRounds and the engine
+    def _wake(self) -> None: ...
+    def _mailboxes(self, ms: Any) -> Mailboxes | None: ...
+    def _swap(self, ms: Any, mine: Any) -> list[Any]:
+        raise NotImplementedError
+    def _decoded(self, ms: Any, payloads: list[Any], own: Header) -> list[Header]:
+        raise NotImplementedError
+    def _settle(self, ms: Any, ids: list[int], offer: Offer | None,
+                headers: list[Header]) -> None: ...  # fmt: skip
+    def _touch(self, ms: Any, ids: list[int]) -> None: ...
+    def _caller_rounds(self, ms: Any, keys: list[str],
+                       first: Callable[[], None] | None = None) -> None: ...  # fmt: skip
+
+    def _remember(self, ms: Any, entry: TensorEntry, cid: int, spec: TensorSpec,
+                  start: bytes) -> None:  # fmt: skip
+        """The lane handed ``entry``'s tensor over in the headers that begin ``start``: through
+        the set's mailboxes, its caller's next call of it may take the express lane."""
+        boxes = self._mailboxes(ms)
+        if boxes is None:
+            return
+        memos = self._expresses
+        if memos is None or len(memos) >= EXPRESS_KEPT:
+            memos = self._expresses = {}
+        req = entry.spec_request
+        memos[id(req)] = Express(req, ms.comm.process_set_id, ms, cid, spec, start, boxes)
+
+    def _memo(self, req: Request) -> Express | None:
+        memos = self._expresses
+        memo = memos.get(id(req)) if memos else None
+        return memo if memo is not None and memo.req is req else None
+
+    def expresses(self, req: Request) -> bool:
+        """Whether the lane took ``req`` the express lane's way last (a call of it may then
+        try :meth:`express`)."""
+        return self._memo(req) is not None
+
+    def express(self, ps_id: int, req: Request, array: np.ndarray, output: np.ndarray | None,
+                held: Held) -> Any:  # fmt: skip
+        """Run blocking allreduce ``req`` of set ``ps_id`` over ``array`` (the storage view,
+        into ``output``, or a new array) in this thread, as the lane did last: its result;
+        or the handle to wait on where the call left the express lane after its header was
+        posted (``held`` makes it); or None, with nothing done, where the lane's findings may
+        no longer hold (the caller then submits it as usual)."""
+        memo = self._memo(req)
+        if memo is None or memo.ps_id != ps_id or self._queue:
+            return None
+        ms = memo.ms
+        if not self._turn.acquire(False):  # the engine thread, or another caller, is in a round
+            return None
+        try:
+            if not self._holds(memo):
+                return None
+            self._inline_runs += 1
+            return self._express_round(memo, array, output, held)
+        finally:
+            self._turn.release()
+            if ms.table or self._inline_error is not None or self._stop_requested or self._closing:
+                self._wake()  # the engine thread goes on with what is left
+
+    def _holds(self, memo: Express) -> bool:
+        """Whether the lane's findings for ``memo`` hold now (holding the engine's turn): the
+        lane's own conditions, for a member that holds nothing else."""
+        if self.members.get(memo.ps_id) != memo.ms:  # the set was removed (made again)
+            return False
+        ms = memo.ms
+        return (ms.direct.active and not ms.table
+                and not ms.ready and not ms.other and not ms.barrier and ms.lent is None
+                and self.timeline is None and not self._queue and not self._stopped.is_set()
+                and not self._stop_requested and not self._closing
+                and self._inline_error is None
+                and ms.cache.get(memo.cid) is memo.spec
+                and self._mailboxes(ms) is memo.boxes)  # fmt: skip
+
+    def _express_round(self, memo: Express, array: np.ndarray, output: np.ndarray | None,
+                       held: Held) -> Any:  # fmt: skip
+        """The lane's round for ``memo`` (see :meth:`express`)."""
+        ms, cid, start = memo.ms, memo.cid, memo.start
+        inputs = array.reshape(-1)
+        self.stats["direct_rounds"] += 1
+        self._caller_turn = True
+        try:
+            payloads = self._swap(ms, (start, inputs.view(np.uint8)))
+            parts = handed_alike(payloads, start, inputs)
+        except BaseException as e:  # the engine thread fails the entry, as its own
+            handle, entry = held()
+            ms.table[memo.req.match] = entry
+            self._inline_error = e
+            return handle
+        finally:
+            self._caller_turn = False
+        if parts is None:  # some other header: the lane's round goes on as any other
+            return self._leave(memo, inputs, payloads, held)
+        self._touch(ms, [cid])
+        stats = self.stats
+        stats["responses"] += 1
+        stats["exchanged"] += 1
+        stats["lane"] += 1
+        stats["express"] += 1
+        return self.executor.reduced_in_order(memo.spec, output, parts)
+
+    def _leave(self, memo: Express, inputs: np.ndarray, payloads: list[Any],
+               held: Held) -> Handle:  # fmt: skip
+        """The call leaves the express lane with its header posted and the others' in
+        (``payloads``): held as :meth:`_hold` holds an entry, its round settled as the lane
+        settles one it does not finish, then the caller's rounds as any caller's."""
+        ms, cid, key = memo.ms, memo.cid, memo.req.match
+        self.stats["express_left"] += 1
+        handle, entry = held()
+        ms.table[key], ms.ready[key] = entry, cid
+        ids = [cid]
+
+        def settle() -> None:
+            headers = self._decoded(ms, payloads, (DATA, ids, b""))
+            self._settle(ms, ids, ([key], [memo.spec], inputs.copy(), False, 0, 0), headers)
+
+        self._caller_rounds(ms, [key], settle)
+        return handle

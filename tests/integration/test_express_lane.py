@@ -1,0 +1,226 @@
+"""The express lane (hora.core.express, hora.frameworks.repeat): a blocking allreduce called
+again as before runs again at once. Real ranks over real shared memory, in sets of three and
+four, where the rounds' headers go through the set's mailboxes.
+
+Its results are the lane's, bit for bit; a call that is not the same call (another array, a
+keyword changed, the array changed in place) goes the usual way; a round whose other headers
+say something else goes on as any round; a mismatch across ranks still raises on every rank,
+naming both sides; a peer that dies fails the others within seconds. Every test has a hard
+timeout.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import run_ranks, spawn_ranks
+from hora.transport.shm.arena import STORES_IN_ORDER
+
+pytestmark = pytest.mark.skipif(
+    not STORES_IN_ORDER,
+    reason="the rounds' headers go through mailboxes only where stores are seen in order (x86)",
+)
+
+
+def _express(what: str = "express") -> int:
+    from hora.core import runtime
+
+    return int(runtime.runtime().engine.stats[what])
+
+
+def _loop(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    n = hvd.size()
+    ok: dict[str, bool] = {}
+    for dtype in ("float32", "float64", "int32"):
+        for op, label in ((hvd.Sum, "sum"), (hvd.Average, "avg"), (hvd.Max, "max")):
+            base = (np.arange(257) % 7 + rank).astype(dtype)
+            # what the backend gives (negotiated in full, first), then the same call again
+            first = hvd.allreduce(base.copy(), op=op, name=f"{dtype}.{label}")
+            x = base.copy()
+            same = True
+            for _ in range(12):
+                x[:] = base
+                got = hvd.allreduce(x, op=op, output=x, name=f"{dtype}.{label}")
+                same = same and got.tobytes() == first.tobytes() and x.tobytes() == first.tobytes()
+            ok[f"{dtype}.{label}"] = same
+    # no output: a new array each call, the input kept
+    y = np.full(100, rank + 1.0)
+    for _ in range(10):
+        out = hvd.allreduce(y, op=hvd.Sum, name="fresh")
+    ok["fresh"] = bool(np.all(out == n * (n + 1) / 2) and np.all(y == rank + 1) and out is not y)
+    before = _express()
+    for _ in range(40):  # the name made anew each call: the same call all the same
+        z = hvd.allreduce(y, op=hvd.Sum, name=f"{'fre'}sh")
+    ok["named anew"] = bool(np.all(z == n * (n + 1) / 2))
+    express = _express() - before
+    hvd.shutdown()
+    return {"ok": ok, "express": express}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [3, 4])
+def test_a_call_repeated_takes_the_express_lane_with_the_lanes_bits(np_: int) -> None:
+    for out in run_ranks(_loop, np_, timeout=90):
+        ok = out["ok"]
+        assert isinstance(ok, dict) and all(ok.values()), ok
+        assert int(out["express"]) >= 35, out  # type: ignore[call-overload]
+
+
+def _not_the_same_call(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    n = hvd.size()
+    total = n * (n + 1) / 2
+    x = np.full(64, rank + 1.0)
+    for _ in range(6):
+        x[:] = rank + 1.0
+        hvd.allreduce(x, op=hvd.Sum, output=x, name="x")
+    seen: dict[str, object] = {}
+
+    def step(label: str, call: object) -> None:
+        before = _express()
+        got = call()  # type: ignore[operator]
+        seen[label] = (bool(np.all(got == total)), _express() - before)
+
+    x[:] = rank + 1.0
+    step("again", lambda: hvd.allreduce(x, op=hvd.Sum, output=x, name="x"))
+    other = np.full(64, rank + 1.0)  # another array with the same name and keywords
+    step("another array", lambda: hvd.allreduce(other, op=hvd.Sum, output=other, name="x"))
+    x[:] = rank + 1.0
+    step("back", lambda: hvd.allreduce(x, op=hvd.Sum, output=x, name="x"))
+    x[:] = rank + 1.0
+    step("keyword added", lambda: hvd.allreduce(x, op=hvd.Sum, output=x, name="x",
+                                                 priority=0))
+    x[:] = rank + 1.0
+    step("back again", lambda: hvd.allreduce(x, op=hvd.Sum, output=x, name="x"))
+    x.shape = (8, 8)  # the same array, reshaped in place: another request
+    x[:] = rank + 1.0
+    step("reshaped", lambda: hvd.allreduce(x, op=hvd.Sum, output=x, name="x"))
+    hvd.shutdown()
+    return seen
+
+
+@pytest.mark.timeout(120)
+def test_a_call_that_is_not_the_same_goes_the_usual_way() -> None:
+    for seen in run_ranks(_not_the_same_call, 3, timeout=90):
+        assert all(right for right, _ in seen.values()), seen  # type: ignore[misc]
+        taken = {k: e for k, (_, e) in seen.items()}  # type: ignore[misc]
+        # each array's call is remembered apart; a keyword more is another call, remembered
+        # in its place
+        assert taken == {"again": 1, "another array": 0, "back": 1, "keyword added": 0,
+                         "back again": 0, "reshaped": 0}, taken
+
+
+def _others_differ(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    n = hvd.size()
+    a = np.arange(50, dtype=np.float32) + rank
+    b = np.full(30, rank + 1.0)
+    want_a = n * np.arange(50) + n * (n - 1) / 2
+    want_b = np.full(30, n * (n + 1) / 2)
+    ok = []
+    for _ in range(4):
+        ok.append(np.array_equal(hvd.allreduce(a, op=hvd.Sum, name="a"), want_a))
+    before, left = _express(), _express("express_left")
+    for step in range(20):
+        if rank == 1 and step % 2:  # b, then a, at once: its header is not the others'
+            hb = hvd.allreduce_async(b, op=hvd.Sum, name="b")
+            ok.append(np.array_equal(hvd.allreduce(a, op=hvd.Sum, name="a"), want_a))
+            ok.append(np.array_equal(hvd.synchronize(hb), want_b))
+        else:
+            ok.append(np.array_equal(hvd.allreduce(a, op=hvd.Sum, name="a"), want_a))
+            if step % 2:
+                ok.append(np.array_equal(hvd.allreduce(b, op=hvd.Sum, name="b"), want_b))
+    express, left = _express() - before, _express("express_left") - left
+    hvd.shutdown()
+    return {"ok": all(ok) and len(ok) == 34, "express": express, "left": left}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [3, 4])
+def test_a_round_whose_other_headers_differ_goes_on_as_any_round(np_: int) -> None:
+    results = run_ranks(_others_differ, np_, timeout=90)
+    for out in results:
+        assert out["ok"] is True, out
+    r0 = results[0]
+    assert int(r0["express"]) >= 5, r0  # type: ignore[call-overload]
+    # where rank 1 held b and a, rank 0's express round met its header and went on as a round
+    assert int(r0["left"]) >= 1, r0  # type: ignore[call-overload]
+
+
+def _mismatch(rank: int) -> dict[str, object]:
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    x = np.ones(16, np.float32)
+    for _ in range(6):
+        hvd.allreduce(x, op=hvd.Sum, output=x, name="m")
+    express = _express()
+    if rank == 1:
+        x = np.ones(16, np.float64)  # the same name, another dtype
+    try:
+        hvd.allreduce(x, op=hvd.Sum, output=x, name="m")
+        err = "completed?!"
+    except Exception as e:  # noqa: BLE001 - the error is what the test reads
+        err = f"{type(e).__name__}: {e}"
+    return {"error": err, "express": express}
+
+
+@pytest.mark.timeout(120)
+def test_a_mismatch_after_the_express_lane_raises_on_every_rank_naming_both_sides() -> None:
+    for r in spawn_ranks(_mismatch, 3, timeout=60):
+        assert r.ok, r.stderr
+        err = str(r.value["error"])
+        assert "float32" in err and "float64" in err, err
+        assert int(r.value["express"]) >= 1, r.value  # type: ignore[call-overload]
+
+
+def _peer_dies(rank: int) -> dict[str, object]:
+    import os
+    import signal
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    x = np.ones(8)
+    for _ in range(6):
+        hvd.allreduce(x, op=hvd.Sum, output=x, name="d")
+    express = _express()
+    if rank == 1:
+        time.sleep(0.5)  # the others now wait in an express round
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        hvd.allreduce(x, op=hvd.Sum, output=x, name="d")
+        err = "completed?!"
+    except hvd.HorovodInternalError as e:
+        err = str(e)
+    return {"error": err, "seconds": time.monotonic() - t0, "express": express}
+
+
+@pytest.mark.timeout(90)
+def test_a_peer_that_dies_during_an_express_round_fails_the_others_quickly() -> None:
+    results = spawn_ranks(_peer_dies, 3, timeout=60)
+    assert results[1].status == "died" and results[1].returncode == -9
+    for r in (results[0], results[2]):
+        assert r.ok, r.stderr
+        assert "rank 1" in str(r.value["error"]), r.value
+        assert float(r.value["seconds"]) < 10, r.value
+        assert int(r.value["express"]) >= 1, r.value  # type: ignore[call-overload]
