@@ -242,6 +242,7 @@ def _prepare(
     changed once submitted), instead of validating and building it again.
     """
     handle = Handle()
+    _caller.plain = None  # this submission's, below, or none (hora.frameworks.repeat)
     plain = None  # the key of _plain, for one named array that may be in it
     if reuse is not None and name and not grouped and dtype is None and convert is None \
             and len(arrays) == 1:
