@@ -224,3 +224,47 @@ def test_a_peer_that_dies_during_an_express_round_fails_the_others_quickly() -> 
         assert "rank 1" in str(r.value["error"]), r.value
         assert float(r.value["seconds"]) < 10, r.value
         assert int(r.value["express"]) >= 1, r.value  # type: ignore[call-overload]
+
+
+def _stall(rank: int, flag: str) -> dict[str, object]:
+    import os
+    import time
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    x = np.ones(4)
+    for _ in range(6):
+        hvd.allreduce(x, op=hvd.Sum, output=x, name="s")
+    express = _express()
+    try:
+        if rank == 0:  # the others never call again: rank 0 waits in an express round
+            try:
+                hvd.allreduce(x, op=hvd.Sum, output=x, name="s")
+            finally:
+                open(flag, "w").close()
+            return {"error": "completed?!"}
+        deadline = time.monotonic() + 30
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.1)  # asleep, not in an op, until rank 0's op is over
+        return {"error": "slept"}
+    except hvd.HorovodInternalError as e:
+        return {"error": str(e), "express": express}
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.timeout(90)
+def test_an_express_round_that_waits_too_long_warns_naming_its_tensor(tmp_path: object) -> None:
+    env = {"HORA_STALL_CHECK_TIME_SECONDS": "1", "HORA_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+    results = spawn_ranks(_stall, 3, args=(f"{tmp_path}/rank0-done",), timeout=60, env=env)
+    r0 = results[0]
+    assert r0.ok, r0.stderr
+    err = str(r0.value["error"])
+    assert "1: [allreduce.s]" in err and "2: [allreduce.s]" in err, err
+    assert "STALL_SHUTDOWN" in err, err
+    assert int(r0.value["express"]) >= 1, r0.value  # type: ignore[call-overload]
+    for r in results[1:]:
+        assert r.status in ("ok", "error"), r.stderr

@@ -154,6 +154,7 @@ class ExpressLane:
         inputs = array.reshape(-1)
         self.stats["direct_rounds"] += 1
         self._caller_turn = True
+        ms.expressing = (memo.req.name,)  # for the stall inspector's message
         try:
             payloads = self._swap(ms, (start, inputs.view(np.uint8)))
             parts = handed_alike(payloads, start, inputs)
@@ -164,6 +165,7 @@ class ExpressLane:
             return handle
         finally:
             self._caller_turn = False
+            ms.expressing = ()
         if parts is None:  # some other header: the lane's round goes on as any other
             return self._leave(memo, inputs, payloads, held)
         self._touch(ms, [cid])

@@ -52,6 +52,7 @@ import time
 from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
+from itertools import chain
 from typing import Any
 
 from hora.backends.base import SetComm
@@ -188,6 +189,8 @@ class MemberState:
         self.ready: dict[str, int] = {}
         self.other = False
         self.barrier = False
+        # the names of the tensor an express round (hora.core.express) holds outside the table
+        self.expressing: tuple[str, ...] = ()
         # the hand-over (hora.core.handover): the exchange slot a fresh offer fills unless the
         # other member is done with the last one; inputs in a slot the other has not taken
         # yet; how many offers in a slot this member made, and how many it received
@@ -519,7 +522,8 @@ class DirectRounds(ExpressLane, HandOver):
                     self._begin_shutdown()  # rank 0 tells the others; the others, rank 0
                 if waiting:
                     missing = [comm.ranks[p] for p, _ in waiting.values()]
-                    held = (e.spec_request.name for e in ms.table.values())
+                    held = chain((e.spec_request.name for e in ms.table.values()),
+                                 ms.expressing)
                     warned = round_stall(self.settings, held, missing, since, warned)
         finally:
             for fd in peers:
