@@ -449,7 +449,8 @@ class Executor:
             n = _numel(spec.request.shape)
             parts = [a[at : at + n] for a in arrays]
             if len(parts) == 2:
-                results.append(self.exchanged(spec, entry, parts[me], parts[1 - me], shared))
+                results.append(self.exchanged(spec, entry.output, entry.output is entry.array,
+                                              parts[me], parts[1 - me], shared))
             else:
                 results.append(self.reduced_in_order(spec, entry.output, parts))
             at += n
@@ -470,18 +471,19 @@ class Executor:
         return out.reshape(req.shape)
 
     @staticmethod
-    def exchanged(spec: TensorSpec, entry: TensorEntry, mine: np.ndarray,
-                   incoming: np.ndarray, shared: bool) -> np.ndarray:  # fmt: skip
+    def exchanged(spec: TensorSpec, output: np.ndarray | None, in_place: bool,
+                  mine: np.ndarray, incoming: np.ndarray, shared: bool) -> np.ndarray:  # fmt: skip
         """The result of a pair's allreduce from this member's prescaled inputs ``mine`` and
-        the other's ``incoming``; ``shared``: never made over ``mine``."""
+        the other's ``incoming``, into ``output`` (the caller's: its input itself where
+        ``in_place``), or a new array; ``shared``: never made over ``mine``."""
         req = spec.request
         # where the result is made: over ``mine`` where that is this rank's own copy, over the
         # input where the output is the input and holds ``mine`` already, else apart
-        if entry.output is None:
+        if output is None:
             out = np.empty_like(mine) if shared else mine
         else:
-            out = entry.output.reshape(-1)
-            if entry.output is entry.array and req.prescale == 1.0:
+            out = output.reshape(-1)
+            if in_place and req.prescale == 1.0:
                 mine = out
         op, post = _summed(req, 2)
         red, post = reducer_scaled(2, op, req.dtype, post)

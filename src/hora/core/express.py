@@ -4,15 +4,16 @@ A loop that calls one blocking allreduce over and over (a benchmark, a training 
 reduces one buffer) takes, in direct mode's steady state, the lane's round every time
 (:meth:`hora.core.handover.HandOver._lane`): its caller builds an entry and a handle, the
 engine holds the entry in its table, looks the request up in the response cache, and the lane
-checks again that the one tensor held is a cached allreduce that the set's mailboxes hand
-over in the round's header. Where ranks outnumber cores every microsecond of that is paid
-twice, as the other rank on the core waits for it.
+checks again that the one tensor held is a cached allreduce whose inputs the round's header
+hands over as they lie (in the set's mailboxes, or on the pairs). Where ranks outnumber cores
+every microsecond of that is paid twice, as the other rank on the core waits for it.
 
 What the lane found holds again while nothing it rests on has changed: the same request
 (the op surface submits one request object for a named array submitted as before), the same
-cache entry, the same mailboxes (the same arena), and the member holding nothing else, its
-engine idle. Then the call posts its header and reduces the others' inputs where they lie, as
-the lane does, with the same bits, and nothing between: :meth:`ExpressLane.express`.
+cache entry, the same mailboxes (the same arena, or still none), and the member holding
+nothing else, its engine idle. Then the call posts its header and reduces the others' inputs
+where they lie, as the lane does, with the same bits, and nothing between:
+:meth:`ExpressLane.express`.
 
 Whatever the others' headers say besides the same tensor, the call becomes the entry it
 would have been (the op surface makes it then), held as :meth:`_hold` holds it, and the round
@@ -45,7 +46,7 @@ EXPRESS_KEPT = 256  # the requests an engine remembers the lane's findings for (
 class Express:
     """What the lane took for one blocking allreduce the last time: ``req``, the request its
     caller submitted, is cache entry ``cid`` (``spec``) of member state ``ms``, handed over in
-    headers beginning ``start`` through the mailboxes ``boxes``."""
+    headers beginning ``start`` through the mailboxes ``boxes`` (None: on the pairs)."""
 
     req: Request
     ps_id: int
@@ -53,7 +54,7 @@ class Express:
     cid: int
     spec: TensorSpec
     start: bytes
-    boxes: Mailboxes
+    boxes: Mailboxes | None
 
 
 class ExpressLane:
@@ -89,16 +90,14 @@ class ExpressLane:
 
     def _remember(self, ms: Any, entry: TensorEntry, cid: int, spec: TensorSpec,
                   start: bytes) -> None:  # fmt: skip
-        """The lane handed ``entry``'s tensor over in the headers that begin ``start``: through
-        the set's mailboxes, its caller's next call of it may take the express lane."""
-        boxes = self._mailboxes(ms)
-        if boxes is None:
-            return
+        """The lane handed ``entry``'s inputs over in the headers that begin ``start``, as
+        they lie: its caller's next call of it may take the express lane."""
         memos = self._expresses
         if memos is None or len(memos) >= EXPRESS_KEPT:
             memos = self._expresses = {}
         req = entry.spec_request
-        memos[id(req)] = Express(req, ms.comm.process_set_id, ms, cid, spec, start, boxes)
+        memos[id(req)] = Express(req, ms.comm.process_set_id, ms, cid, spec, start,
+                                 self._mailboxes(ms))
 
     def _memo(self, req: Request) -> Express | None:
         memos = self._expresses
@@ -174,6 +173,9 @@ class ExpressLane:
         stats["exchanged"] += 1
         stats["lane"] += 1
         stats["express"] += 1
+        if len(parts) == 2:  # never made over the inputs, which lie in the caller's array
+            return self.executor.exchanged(memo.spec, output, output is array, inputs,
+                                           parts[1 - ms.comm.rank], True)
         return self.executor.reduced_in_order(memo.spec, output, parts)
 
     def _leave(self, memo: Express, inputs: np.ndarray, payloads: list[Any],
