@@ -266,3 +266,43 @@ def test_an_express_round_that_waits_too_long_warns_naming_its_tensor(tmp_path: 
     assert int(r0.value["express"]) >= 1, r0.value  # type: ignore[call-overload]
     for r in results[1:]:
         assert r.status in ("ok", "error"), r.stderr
+
+
+def _threads(rank: int) -> dict[str, object]:
+    import threading
+
+    import numpy as np
+
+    import hora as hvd
+
+    hvd.init()
+    n = hvd.size()
+    wrong: list[str] = []
+
+    def calls(tag: str) -> None:
+        x = np.full(32, rank + 1.0)
+        for i in range(200):
+            x[:] = rank + 1.0
+            got = hvd.allreduce(x, op=hvd.Sum, output=x, name=tag)
+            if not np.all(got == n * (n + 1) / 2):
+                wrong.append(f"{tag} call {i}: {got[0]}")
+
+    threads = [threading.Thread(target=calls, args=(f"thread{k}",)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    stuck = sum(t.is_alive() for t in threads)
+    left = _express("express_left")
+    hvd.shutdown()
+    return {"wrong": wrong, "stuck": stuck, "left": left}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_threads_that_call_at_once_meet_in_any_order(np_: int) -> None:
+    """Three threads each repeat a blocking allreduce of its own at once: one holds the
+    engine's turn while the others' calls queue, in another order on each rank, so an express
+    round may meet other headers and go on as a round; every result is right, nothing hangs."""
+    for out in run_ranks(_threads, np_, timeout=90):
+        assert out["wrong"] == [] and out["stuck"] == 0, out
