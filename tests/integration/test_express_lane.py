@@ -306,3 +306,36 @@ def test_threads_that_call_at_once_meet_in_any_order(np_: int) -> None:
     round may meet other headers and go on as a round; every result is right, nothing hangs."""
     for out in run_ranks(_threads, np_, timeout=90):
         assert out["wrong"] == [] and out["stuck"] == 0, out
+
+
+def _init_again(rank: int) -> dict[str, object]:
+    import gc
+    import weakref
+
+    import numpy as np
+
+    import hora as hvd
+    from hora.core import runtime
+
+    x = np.full(16, rank + 1.0)
+    right = []
+    for _ in range(2):  # the same call before and after a shutdown and an init
+        hvd.init()
+        n = hvd.size()
+        for _ in range(6):
+            x[:] = rank + 1.0
+            right.append(bool(np.all(hvd.allreduce(x, op=hvd.Sum, output=x, name="i")
+                                     == n * (n + 1) / 2)))
+        express = _express()
+        engine = weakref.ref(runtime.runtime().engine)
+        hvd.shutdown()
+    gc.collect()
+    # what the thread and the engine remembered keeps neither the engine nor its arena alive
+    return {"right": all(right), "express": express, "engine kept": engine() is not None}
+
+
+@pytest.mark.timeout(120)
+def test_a_call_remembered_before_a_shutdown_goes_the_usual_way_after_an_init() -> None:
+    for out in run_ranks(_init_again, 3, timeout=90):
+        assert out["right"] is True and int(out["express"]) >= 1, out  # type: ignore[call-overload]
+        assert out["engine kept"] is False, out

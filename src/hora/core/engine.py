@@ -279,6 +279,7 @@ class Engine(DirectRounds):
             self.cause = cause
             self._stopped.set()
             queued, self._queue = self._queue, []
+        self._expresses = None  # the express lane's findings hold views of the arenas
         pending = [e for _, entries in queued for e in entries]
         for ms in self.members.values():
             table, ms.table = ms.table, {}

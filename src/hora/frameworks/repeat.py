@@ -45,7 +45,7 @@ class _Call:
     req: Request
     ps_id: int
     key: Key
-    rt: Any  # the runtime it ran in (hora.core.runtime.Runtime)
+    rt: weakref.ref[Any]  # the runtime it ran in (hora.core.runtime.Runtime), weakly
 
 
 def again(array: Any, kw: dict[str, Any]) -> Any:
@@ -67,8 +67,10 @@ def again(array: Any, kw: dict[str, Any]) -> Any:
             return MISSED
     if x.shape != call.shape or x.dtype != call.dtype or not x.flags.c_contiguous:
         return MISSED  # changed in place since (x.shape = ..., x.resize(...))
-    rt = _rt.runtime() if _rt.is_initialized() else None
-    if rt is not call.rt:
+    if not _rt.is_initialized():
+        return MISSED
+    rt = _rt.runtime()
+    if call.rt() is not rt:  # shut down and initialized again since
         return MISSED
     in_flight.claim([call.key], [call.req.op])
     try:
@@ -112,4 +114,4 @@ def remember(array: Any, kw: dict[str, Any]) -> None:
         calls = _local.calls = {}
     calls[id(array)] = _Call(weakref.ref(array), {k: v for k, v in kw.items() if k != "output"},
                              array.shape, array.dtype, out is array, req, ps_id,
-                             (ps_id, req.match), rt)
+                             (ps_id, req.match), weakref.ref(rt))
