@@ -448,14 +448,21 @@ class Executor:
         for spec, entry in zip(specs, entries):
             n = _numel(spec.request.shape)
             parts = [a[at : at + n] for a in arrays]
-            if len(parts) == 2:
-                results.append(self.exchanged(spec, entry.output, entry.output is entry.array,
-                                              parts[me], parts[1 - me], shared))
-            else:
-                results.append(self.reduced_in_order(spec, entry.output, parts))
+            results.append(self.handed(spec, entry.output, entry.output is entry.array, parts,
+                                       me, shared))
             at += n
         self._act(names, None)
         return results
+
+    @classmethod
+    def handed(cls, spec: TensorSpec, output: np.ndarray | None, in_place: bool,
+               parts: list[np.ndarray], me: int, shared: bool) -> np.ndarray:  # fmt: skip
+        """The result of an allreduce whose inputs every member handed every other
+        (``parts``, in member order; this member's at ``me``): a pair's (:meth:`exchanged`),
+        or a larger set's (:meth:`reduced_in_order`), into ``output`` as they say."""
+        if len(parts) == 2:
+            return cls.exchanged(spec, output, in_place, parts[me], parts[1 - me], shared)
+        return cls.reduced_in_order(spec, output, parts)
 
     @staticmethod
     def reduced_in_order(spec: TensorSpec, output: np.ndarray | None,

@@ -173,10 +173,9 @@ class ExpressLane:
         stats["exchanged"] += 1
         stats["lane"] += 1
         stats["express"] += 1
-        if len(parts) == 2:  # never made over the inputs, which lie in the caller's array
-            return self.executor.exchanged(memo.spec, output, output is array, inputs,
-                                           parts[1 - ms.comm.rank], True)
-        return self.executor.reduced_in_order(memo.spec, output, parts)
+        # never made over the inputs, which lie in the caller's array
+        return self.executor.handed(memo.spec, output, output is array, parts, ms.comm.rank,
+                                    True)
 
     def _leave(self, memo: Express, inputs: np.ndarray, payloads: list[Any],
                held: Held) -> Handle:  # fmt: skip

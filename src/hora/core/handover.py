@@ -362,13 +362,11 @@ class HandOver:
         self.stats["responses"] += 1
         self.stats["exchanged" if slot < 0 else "exchanged_shared"] += 1
         self.stats["lane"] += 1
-        if inputs is array:  # as they lie: the caller's next call may take the express lane
-            self._remember(ms, entry, cid, spec, lane_start(cid))
-        if n > 2:
-            result = ex.reduced_in_order(spec, entry.output, parts)
-        else:  # never made over inputs that lie in the caller's array or in the slot
-            result = ex.exchanged(spec, entry.output, entry.output is entry.array, inputs,
-                                  parts[1 - comm.rank], inputs is array or slot >= 0)
+        if inputs is array and self._caller_turn:  # as they lie: the caller's next call of it
+            self._remember(ms, entry, cid, spec, lane_start(cid))  # may take the express lane
+        # never made over inputs that lie in the caller's array or in the slot
+        result = ex.handed(spec, entry.output, entry.output is entry.array, parts, comm.rank,
+                           inputs is array or slot >= 0)
         if slot >= 0:
             ms.lent = None
             self._done_reading(ms)

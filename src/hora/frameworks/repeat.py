@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 
 from hora.core import runtime as _rt
-from hora.core.executor import TensorEntry
 from hora.core.handles import Handle, Key, in_flight
 from hora.core.messages import Request
-from hora.frameworks.submit import _entries, last_plain
+from hora.frameworks.submit import _held, last_plain
 
 MISSED = object()  # what :func:`again` gives for a call it did not run
 _BY_VALUE = {str, int, float, bool}  # keywords of these types are the same when equal (a name
@@ -54,8 +53,10 @@ def again(array: Any, kw: dict[str, Any]) -> Any:
     run (nothing done: it goes the usual way)."""
     calls: dict[int, _Call] | None = getattr(_local, "calls", None)
     call = calls.get(id(array)) if calls else None
-    x = call.array() if call is not None else None
-    if x is None or x is not array or call is None:
+    if call is None:
+        return MISSED
+    x = call.array()
+    if x is None or x is not array:
         return MISSED
     out = kw.get("output")
     if out is not (x if call.in_place else None) or len(kw) - ("output" in kw) != len(call.kw):
@@ -74,7 +75,8 @@ def again(array: Any, kw: dict[str, Any]) -> Any:
         return MISSED
     in_flight.claim([call.key], [call.req.op])
     try:
-        got = rt.engine.express(call.ps_id, call.req, x, out, partial(_held, call, x))
+        got = rt.engine.express(call.ps_id, call.req, x, out,
+                                partial(_held, [call.key], [call.req], [x], [out], None, False))
     except BaseException:
         in_flight.release(call.key)
         raise
@@ -82,14 +84,6 @@ def again(array: Any, kw: dict[str, Any]) -> Any:
         return got.wait()
     in_flight.release(call.key)
     return MISSED if got is None else got
-
-
-def _held(call: _Call, array: np.ndarray) -> tuple[Handle, TensorEntry]:
-    """The handle and entry ``call`` of ``array`` is, submitted as usual (``submit._entries``)."""
-    handle = Handle()
-    out = array if call.in_place else None
-    (entry,) = _entries([call.key], [call.req], [array], [out], handle, False)
-    return handle, entry
 
 
 def remember(array: Any, kw: dict[str, Any]) -> None:

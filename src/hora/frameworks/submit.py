@@ -185,9 +185,12 @@ class engine_waits:  # noqa: N801 - used as a statement: ``with engine_waits(...
 
 
 def _held(keys: list[Key], requests: list[Request], arrays: Sequence[np.ndarray | None],
-          outputs: list[np.ndarray | None], handle: Handle,
+          outputs: list[np.ndarray | None], handle: Handle | None,
           grouped: bool) -> tuple[Handle, TensorEntry]:  # fmt: skip
-    """The handle and the one entry of a call that leaves the express lane."""
+    """The handle (``handle``, or a new one) and the one entry of a call that leaves the
+    express lane (hora.core.express)."""
+    if handle is None:
+        handle = Handle()
     (entry,) = _entries(keys, requests, arrays, outputs, handle, grouped)
     return handle, entry
 
