@@ -18,6 +18,9 @@ Runs on the calling (engine) thread; thread-safe for distinct Comms and buffers.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 import numpy as np
 
 from hora.collectives.base import EAGER_BYTES, Comm, as_bytes, check_buffer
@@ -83,40 +86,63 @@ def allreduce_recursive_doubling(
         comm.pair(rank - 1).send(raw)
 
 
-def reduce_like_doubling(parts: list[np.ndarray], reduce: Reducer, out: np.ndarray) -> None:
+def reduce_like_doubling(parts: list[np.ndarray], reduce: Reducer, out: np.ndarray,
+                         scratch: Sequence[np.ndarray] = ()) -> None:  # fmt: skip
     """Reduce every member's input (``parts``, in member order, left as they are) into ``out``
     as :func:`allreduce_recursive_doubling` combines them: the folded pairs first, then a
-    balanced tree over the rest. The elementwise ops commute bit for bit, so this gives the
-    bits every member gets from the exchanges (what a round that hands every member's inputs
-    to every other computes, hora.core.handover). ``out`` may be one of ``parts`` (in place),
-    but no part of another."""
+    balanced tree over the rest (:func:`doubling_steps`). The elementwise ops commute bit for
+    bit, so this gives the bits every member gets from the exchanges (what a round that hands
+    every member's inputs to every other computes, hora.core.handover). ``out`` may be one of
+    ``parts`` (in place), but no part of another. ``scratch``: arrays laid out as ``out``, at
+    least the steps' count of them, that spare allocating them."""
     n = len(parts)
     if n == 1:
         np.copyto(out, parts[0])
         return
+    steps, needed = doubling_steps(n)
+    if len(scratch) < needed:
+        scratch = [np.empty_like(out) for _ in range(needed)]
+    arrays = [*parts, out, *scratch]
+    for a, b, into in steps:
+        reduce(arrays[a], arrays[b], out=arrays[into])
+
+
+@functools.cache
+def doubling_steps(n: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
+    """How :func:`reduce_like_doubling` reduces ``n`` (at least two) members' inputs: its
+    calls in order, each ``(a, b, into)``: ``reduce(a, b, out=into)`` over the arrays
+    ``parts + [out] + scratch``; and how many scratch arrays they use. The folded pairs
+    first (the odd member's input, then the even one's), then a balanced tree over the rest:
+    its left half into a scratch array, its right half into the destination, then the two.
+    So ``out`` is written only once every input but the last two is read (it may be one of
+    them), and a tree of 2^k takes k - 1 scratch arrays rather than 2^k - 2."""
+    steps: list[tuple[int, int, int]] = []
+    used = 0
+    free: list[int] = []  # scratch arrays read for the last time (a tree's left half)
+
+    def fresh() -> int:
+        nonlocal used
+        if free:
+            return free.pop()
+        used += 1
+        return n + used
+
+    def tree(level: list[int], dst: int) -> None:
+        if len(level) == 2:
+            steps.append((level[0], level[1], dst))
+            return
+        half = len(level) // 2
+        left = fresh()  # written whole by its subtree's first step before it is read
+        tree(level[:half], left)
+        tree(level[half:], dst)
+        steps.append((left, dst, dst))
+        free.append(left)
+
     extra = n - (1 << (n.bit_length() - 1))
     level = []
     for i in range(extra):
-        acc = np.empty_like(out)
-        reduce(parts[2 * i + 1], parts[2 * i], out=acc)
+        acc = fresh()
+        steps.append((2 * i + 1, 2 * i, acc))
         level.append(acc)
-    level += parts[2 * extra :]
-    if len(level) == 1:
-        np.copyto(out, level[0])
-    else:
-        _tree(level, reduce, out)
-
-
-def _tree(level: list[np.ndarray], reduce: Reducer, dst: np.ndarray) -> None:
-    """Reduce ``level`` (a power of two of arrays, at least two) into ``dst`` as a balanced
-    tree: its left half into a scratch array, its right half into ``dst``, then the two. So
-    ``dst`` is written only once every input but the last two is read (it may be one of
-    them), and a tree of 2^k takes k - 1 scratch arrays rather than 2^k - 2."""
-    if len(level) == 2:
-        reduce(level[0], level[1], out=dst)
-        return
-    half = len(level) // 2
-    left = np.empty_like(dst)
-    _tree(level[:half], reduce, left)
-    _tree(level[half:], reduce, dst)
-    reduce(left, dst, out=dst)
+    tree(level + list(range(2 * extra, n)), n)
+    return tuple(steps), used

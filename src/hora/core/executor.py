@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 
 from hora.backends.base import Backend, SetComm
-from hora.collectives.allreduce_recursive_doubling import reduce_like_doubling
-from hora.collectives.reduce_ops import AVERAGE, SUM, reducer, reducer_scaled, scale
+from hora.collectives.allreduce_recursive_doubling import doubling_steps, reduce_like_doubling
+from hora.collectives.reduce_ops import AVERAGE, SUM, Reducer, reducer, reducer_scaled, scale
 from hora.collectives.reducescatter_ring import reducescatter_counts
 from hora.core.buffers import BufferOps, HostBufferOps
 from hora.core.messages import OpType, Request, Response, TensorSpec
+from hora.dtypes import storage_dtype
 from hora.errors import HoraInternalError
 from hora.transport.shm.mailbox import Mailboxes
 
@@ -63,6 +64,26 @@ def _summed(req: Request, size: int) -> tuple[int, float]:
     if req.reduce_op == AVERAGE:
         return SUM, req.postscale / size
     return req.reduce_op, req.postscale
+
+
+@dataclass(frozen=True)
+class InOrder:
+    """What :meth:`Executor.reduced_in_order` takes for one request among ``size`` members,
+    made once for a call made again (:func:`in_order`): its reducer, the factor after it, and
+    scratch arrays of the request's storage."""
+
+    size: int
+    reduce: Reducer
+    post: float
+    scratch: list[np.ndarray]
+
+
+def in_order(req: Request, size: int) -> InOrder:
+    """:class:`InOrder` for ``req`` among ``size`` members (at least two)."""
+    op, post = _summed(req, size)
+    needed = doubling_steps(size)[1]
+    scratch = [np.empty(req.numel, storage_dtype(req.dtype)) for _ in range(needed)]
+    return InOrder(size, reducer(op, req.dtype), post, scratch)
 
 
 # an allreduce staged ahead of a round's header (Executor.spread_in): every member's segment of
@@ -465,15 +486,20 @@ class Executor:
         return cls.reduced_in_order(spec, output, parts)
 
     @staticmethod
-    def reduced_in_order(spec: TensorSpec, output: np.ndarray | None,
-                         parts: list[np.ndarray]) -> np.ndarray:  # fmt: skip
+    def reduced_in_order(spec: TensorSpec, output: np.ndarray | None, parts: list[np.ndarray],
+                         prepared: InOrder | None = None) -> np.ndarray:  # fmt: skip
         """The result of an allreduce from every member's prescaled inputs (``parts``, in
         member order), reduced in the order of the backend's recursive doubling (its bits)
-        into ``output`` (the caller's, or a new array)."""
+        into ``output`` (the caller's, or a new array); ``prepared``: what it takes, made
+        before (:func:`in_order`)."""
         req = spec.request
         out = np.empty_like(parts[0]) if output is None else output.reshape(-1)
-        op, post = _summed(req, len(parts))
-        reduce_like_doubling(parts, reducer(op, req.dtype), out)
+        if prepared is None:
+            op, post = _summed(req, len(parts))
+            reduce_like_doubling(parts, reducer(op, req.dtype), out)
+        else:
+            post = prepared.post
+            reduce_like_doubling(parts, prepared.reduce, out, prepared.scratch)
         scale(out, req.dtype, post)
         return out.reshape(req.shape)
 

@@ -24,6 +24,7 @@ engine's shutdown error.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from hora.core.executor import Executor, TensorEntry
+from hora.core.executor import Executor, InOrder, TensorEntry, in_order
 from hora.core.handles import Handle
 from hora.core.handover import DATA, Header, Offer, handed_alike
 from hora.core.messages import Request, TensorSpec
-from hora.transport.shm.mailbox import Mailboxes
+from hora.dtypes import storage_dtype
+from hora.transport.shm.mailbox import Lane, Mailboxes
 
 # the entry and handle a call becomes when it leaves the express lane (made by the op surface)
 Held = Callable[[], tuple[Handle, TensorEntry]]
@@ -55,6 +57,7 @@ class Express:
     spec: TensorSpec
     start: bytes
     boxes: Mailboxes | None
+    laid: tuple[Lane, InOrder] | None = None  # its posts and reduction, made once (mailboxes)
 
 
 class ExpressLane:
@@ -73,12 +76,19 @@ class ExpressLane:
     _inline_runs: int
     _inline_error: BaseException | None
     _caller_turn: bool
+    spin_s: float
+    spin_yield: bool
     _expresses: dict[int, Express] | None = None  # by id(req), at most EXPRESS_KEPT
 
     # provided by DirectRounds and the engine
     def _wake(self) -> None: ...
     def _mailboxes(self, ms: Any) -> Mailboxes | None: ...
     def _swap(self, ms: Any, mine: Any) -> list[Any]:
+        raise NotImplementedError
+    def _gather(self, ms: Any, boxes: Mailboxes | None, count: int,
+                looked: bool = False) -> list[Any]:  # fmt: skip
+        raise NotImplementedError
+    def _looks(self) -> int:
         raise NotImplementedError
     def _decoded(self, ms: Any, payloads: list[Any], own: Header) -> list[Header]:
         raise NotImplementedError
@@ -96,8 +106,11 @@ class ExpressLane:
         if memos is None or len(memos) >= EXPRESS_KEPT:
             memos = self._expresses = {}
         req = entry.spec_request
-        memos[id(req)] = Express(req, ms.comm.process_set_id, ms, cid, spec, start,
-                                 self._mailboxes(ms))
+        boxes, laid = self._mailboxes(ms), None
+        if boxes is not None and req.nbytes:  # a set of three or more (pairs have none)
+            lane = boxes.lane(start, req.nbytes, storage_dtype(req.dtype))
+            laid = None if lane is None else (lane, in_order(req, ms.comm.size))
+        memos[id(req)] = Express(req, ms.comm.process_set_id, ms, cid, spec, start, boxes, laid)
 
     def _memo(self, req: Request) -> Express | None:
         memos = self._expresses
@@ -149,14 +162,17 @@ class ExpressLane:
     def _express_round(self, memo: Express, array: np.ndarray, output: np.ndarray | None,
                        held: Held) -> Any:  # fmt: skip
         """The lane's round for ``memo`` (see :meth:`express`)."""
-        ms, cid, start = memo.ms, memo.cid, memo.start
+        ms, cid, start, laid = memo.ms, memo.cid, memo.start, memo.laid
         inputs = array.reshape(-1)
         self.stats["direct_rounds"] += 1
         self._caller_turn = True
         ms.expressing = (memo.req.name,)  # for the stall inspector's message
         try:
-            payloads = self._swap(ms, (start, inputs.view(np.uint8)))
-            parts = handed_alike(payloads, start, inputs)
+            if laid is None:
+                payloads = self._swap(ms, (start, inputs.view(np.uint8)))
+                parts = handed_alike(payloads, start, inputs)
+            else:  # the header posted, and the others' read, where the lane laid them out
+                payloads, parts = self._laid_round(memo, laid[0], inputs)
         except BaseException as e:  # the engine thread fails the entry, as its own
             handle, entry = held()
             ms.table[memo.req.match] = entry
@@ -173,9 +189,32 @@ class ExpressLane:
         stats["exchanged"] += 1
         stats["lane"] += 1
         stats["express"] += 1
+        if laid is not None:
+            return Executor.reduced_in_order(memo.spec, output, parts, laid[1])
         # never made over the inputs, which lie in the caller's array
         return self.executor.handed(memo.spec, output, output is array, parts, ms.comm.rank,
                                     True)
+
+    def _laid_round(self, memo: Express, lane: Lane, inputs: np.ndarray) -> tuple[Any, Any]:
+        """The round's headers through ``lane`` (:meth:`_swap`'s, in fewer steps): the others'
+        headers (:meth:`_swap`'s payloads, None where not read as such) and every member's
+        inputs where every other member's header is the lane's (else None)."""
+        boxes, ms = memo.boxes, memo.ms
+        assert boxes is not None
+        count = boxes.post_lane(lane, inputs.view(np.uint8))
+        posted, looks = boxes.all_posted(count), self._looks()  # as _mailbox_wait looks
+        while not posted and looks > 1:
+            looks -= 1
+            if self.spin_yield:
+                os.sched_yield()
+            posted = boxes.all_posted(count)
+        payloads = None if posted else self._gather(ms, boxes, count, looked=True)
+        theirs = boxes.lane_inputs(lane, count)
+        if theirs is None:
+            return payloads or self._gather(ms, boxes, count), None  # as they say
+        parts = list(theirs)
+        parts[ms.comm.rank] = inputs
+        return payloads, parts
 
     def _leave(self, memo: Express, inputs: np.ndarray, payloads: list[Any],
                held: Held) -> Handle:  # fmt: skip

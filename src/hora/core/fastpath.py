@@ -445,14 +445,7 @@ class DirectRounds(ExpressLane, HandOver):
         as a view of the mailbox, which holds it until this member posts its next header
         (:meth:`Mailboxes.take`)."""
         comm = ms.comm
-        payloads: list[Any] = [None] * comm.size
-        peers = ms.peers
-        if peers is None:
-            peers = ms.peers = {}
-            for p in range(comm.size):
-                if p != comm.rank:
-                    pair = comm.pair(p)
-                    peers[pair.fileno()] = (p, pair)
+        peers = self._peers(ms)
         boxes = self._mailboxes(ms)
         count, fits = boxes.begin(mine) if boxes is not None else (0, False)
         if not fits:
@@ -464,11 +457,34 @@ class DirectRounds(ExpressLane, HandOver):
                     raise self._peer_gone(comm.ranks[p]) from e
         if boxes is not None:
             boxes.commit(count)
+        return self._gather(ms, boxes, count)
+
+    def _peers(self, ms: MemberState) -> dict[int, tuple[int, Pair]]:
+        """The other members' data connections, by file descriptor: (member, pair)."""
+        peers = ms.peers
+        if peers is None:
+            comm = ms.comm
+            peers = ms.peers = {}
+            for p in range(comm.size):
+                if p != comm.rank:
+                    pair = comm.pair(p)
+                    peers[pair.fileno()] = (p, pair)
+        return peers
+
+    def _gather(self, ms: MemberState, boxes: Mailboxes | None, count: int,
+                looked: bool = False) -> list[Any]:  # fmt: skip
+        """The rest of :meth:`_swap` once this member's header is out (as post ``count`` of
+        ``boxes``, where the set has them): every other member's header, as :meth:`_swap`
+        gives them. ``looked``: the caller has looked at the mailboxes as long as
+        :meth:`_mailbox_wait` would."""
+        comm = ms.comm
+        payloads: list[Any] = [None] * comm.size
+        peers = self._peers(ms)
         if not peers:
             return payloads
         waiting = dict(peers)
         if boxes is not None:  # the headers posted already, or soon, are taken without the poller
-            self._mailbox_wait(boxes, count, waiting, payloads, comm)
+            self._mailbox_wait(boxes, count, waiting, payloads, comm, looked)
             if not waiting:
                 return payloads
         poller = self._round_poller(ms)
@@ -532,15 +548,15 @@ class DirectRounds(ExpressLane, HandOver):
         return payloads
 
     def _mailbox_wait(self, boxes: Mailboxes, count: int, waiting: dict[int, tuple[int, Pair]],
-                      payloads: list[Any], comm: SetComm) -> None:
+                      payloads: list[Any], comm: SetComm, looked: bool = False) -> None:
         """Take the headers posted for round ``count`` into ``payloads``, and those members out
         of ``waiting``. A caller running its own round looks :data:`MAILBOX_LOOKS` times before
         it goes on to the poller (yielding its core between looks where ranks outnumber cores):
         the poller's set-up and system calls cost about as much as the header a rank waits for,
         and where two ranks share a core each look after the first comes once the other rank
         yields its core. What the poller serves meanwhile (control messages, wake-ups, a peer
-        gone) waits that long."""
-        looks = MAILBOX_LOOKS if self._caller_turn and self.spin_s else 1
+        gone) waits that long. ``looked``: the caller has looked so already (one look more)."""
+        looks = self._looks() if not looked else 1
         while True:
             for fd, (p, pair) in list(waiting.items()):
                 if boxes.posted(p, count):
@@ -551,6 +567,11 @@ class DirectRounds(ExpressLane, HandOver):
                 return
             if self.spin_yield:
                 os.sched_yield()
+
+    def _looks(self) -> int:
+        """How many times a round looks at the mailboxes before its poller (see
+        :meth:`_mailbox_wait`)."""
+        return MAILBOX_LOOKS if self._caller_turn and self.spin_s else 1
 
     def _mailboxes(self, ms: MemberState) -> Mailboxes | None:
         """The mailboxes a round's headers go through in this set; None: on the pairs. The

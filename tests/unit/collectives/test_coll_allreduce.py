@@ -11,7 +11,7 @@ from coll_helpers import run_ranks, to_storage
 
 from hora.collectives import allreduce_ring as allreduce_ring_module
 from hora.collectives import hierarchical, registry
-from hora.collectives.allreduce_recursive_doubling import reduce_like_doubling
+from hora.collectives.allreduce_recursive_doubling import doubling_steps, reduce_like_doubling
 from hora.collectives.base import GroupComm
 from hora.collectives.reduce_ops import (
     AVERAGE,
@@ -213,6 +213,32 @@ def test_reduce_like_doubling_gives_the_exchanges_bits(size: int, dtype: str, op
         for x in inputs[1:]:
             reducer(op, dtype)(seq, x)
         assert not np.array_equal(seq, out)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 5, 8, 11, 16, 17])
+def test_reduce_like_doubling_keeps_its_bits_with_scratch_arrays_used_again(size: int) -> None:
+    """Scratch arrays given (as the express lane keeps them from call to call, holding what
+    the last call left) change nothing; the steps take a fold's scratch array per folded
+    pair and k - 1 for a tree of 2^k, and every step's destination is written whole before
+    it is read."""
+    dtype, count = "float32", 1001
+    inputs = [to_storage(np.random.default_rng(10 + r).standard_normal(count), dtype)
+              for r in range(size)]
+    fresh = np.empty_like(inputs[0])
+    reduce_like_doubling(inputs, reducer(SUM, dtype), fresh)
+    steps, needed = doubling_steps(size)
+    p = 1 << (size.bit_length() - 1)
+    assert needed == (size - p) + max(p.bit_length() - 2, 0)
+    scratch = [np.full(count, np.nan, np.float32) for _ in range(needed)]
+    for _ in range(2):
+        out = np.full(count, np.nan, np.float32)
+        reduce_like_doubling(inputs, reducer(SUM, dtype), out, scratch)
+        np.testing.assert_array_equal(out, fresh)
+    written = set(range(size))  # the inputs; then each step's destination
+    for a, b, into in steps:
+        assert a in written and b in written, (a, b, into)
+        written.add(into)
+    assert steps[-1][2] == size  # the last step makes the result
 
 
 POST = 1 / 3  # an Average's factor that no dtype holds exactly: any second rounding shows

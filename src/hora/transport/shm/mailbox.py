@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from hora.errors import TransportError
 from hora.transport.base import Pair
@@ -35,6 +38,23 @@ COUNT_WORD = 2  # the arena word a member counts its posts in (0, 1: hora.core.h
 # (hora.core.handover.lane_start), at the start of a cache line
 _ENTRY = struct.Struct("<qI28x")
 ON_PAIRS = 0xFFFFFFFF
+_COUNT = struct.Struct("<q")
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Posts of ``start`` followed by ``nbytes`` of inputs, the same on every member (a lane's
+    one tensor, :func:`hora.core.handover.lane_start`), laid out in the mailboxes once: by the
+    post's parity (``count & 1``), this member's mailbox, every other member's head (its
+    count, size and ``start``), and every member's inputs where they lie, as ``dtype`` (None
+    at this member's place)."""
+
+    at: int  # where the inputs begin in a mailbox
+    end: int
+    tail: bytes  # a post's head after its count
+    mine: tuple[memoryview, memoryview]
+    heads: tuple[list[memoryview], list[memoryview]]
+    inputs: tuple[list[np.ndarray | None], list[np.ndarray | None]]
 
 
 class Mailboxes:
@@ -43,6 +63,7 @@ class Mailboxes:
     def __init__(self, arena: Arena) -> None:
         self.rank = arena.rank
         self._words = arena.words()
+        self._theirs = [w for m, w in enumerate(self._words) if m != self.rank]
         # as memoryviews: a slice of one, or a copy into one, costs less than of an array
         self._boxes = tuple([b.data for b in arena.mailboxes(k)] for k in (0, 1))
         self.capacity = len(self._boxes[0][self.rank]) - _ENTRY.size
@@ -65,6 +86,53 @@ class Mailboxes:
             at = to
         _ENTRY.pack_into(box, 0, count, at - _ENTRY.size)
         return count, True
+
+    def lane(self, start: bytes, nbytes: int, dtype: np.dtype) -> Lane | None:
+        """The :class:`Lane` of posts of ``start`` then ``nbytes`` of ``dtype``; None where
+        they do not fit a mailbox."""
+        if len(start) + nbytes > self.capacity:
+            return None
+        at = _ENTRY.size + len(start)
+        end = at + nbytes
+        tail = _ENTRY.pack(0, end - _ENTRY.size)[_COUNT.size :] + start
+        count = nbytes // dtype.itemsize
+        others = [m for m in range(len(self._words)) if m != self.rank]
+        return Lane(
+            at, end, tail,
+            (self._boxes[0][self.rank], self._boxes[1][self.rank]),
+            ([self._boxes[0][m][:at] for m in others], [self._boxes[1][m][:at] for m in others]),
+            tuple([None if m == self.rank else np.frombuffer(box, dtype, count, at)
+                   for m, box in enumerate(self._boxes[k])] for k in (0, 1)),  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    def post_lane(self, lane: Lane, inputs: Any) -> int:
+        """Post ``lane``'s header with ``inputs`` (bytes, as many as it says), as
+        :meth:`begin` and :meth:`commit` would: its count."""
+        word = self._words[self.rank]
+        count = int(word[COUNT_WORD]) + 1
+        box = lane.mine[count & 1]
+        box[: lane.at] = _COUNT.pack(count) + lane.tail
+        box[lane.at : lane.end] = inputs
+        word[COUNT_WORD] = count
+        return count
+
+    def lane_inputs(self, lane: Lane, count: int) -> list[np.ndarray | None] | None:
+        """Every member's inputs where they lie (None at this member's place) when every
+        other member's post ``count``, posted (:meth:`posted`), is ``lane``'s; else None
+        (:meth:`take` then says what they posted)."""
+        k = count & 1
+        want = _COUNT.pack(count) + lane.tail
+        for head in lane.heads[k]:
+            if head != want:
+                return None
+        return lane.inputs[k]
+
+    def all_posted(self, count: int) -> bool:
+        """Whether every other member has posted its post ``count``."""
+        for word in self._theirs:  # noqa: SIM110 (a loop costs less than all() of a generator)
+            if word[COUNT_WORD] < count:
+                return False
+        return True
 
     def commit(self, count: int) -> None:
         """The others may read post ``count`` (its message is written, or sent on the pairs)."""
