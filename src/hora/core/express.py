@@ -148,16 +148,17 @@ class ExpressLane:
     def _holds(self, memo: Express) -> bool:
         """Whether the lane's findings for ``memo`` hold now (holding the engine's turn): the
         lane's own conditions, for a member that holds nothing else."""
-        if self.members.get(memo.ps_id) != memo.ms:  # the set was removed (made again)
-            return False
         ms = memo.ms
+        if self.members.get(memo.ps_id) is not ms:  # the set was removed (made again)
+            return False
         return (ms.direct.active and not ms.table
                 and not ms.ready and not ms.other and not ms.barrier and ms.lent is None
                 and self.timeline is None and not self._queue and not self._stopped.is_set()
                 and not self._stop_requested and not self._closing
                 and self._inline_error is None
                 and ms.cache.get(memo.cid) is memo.spec
-                and self._mailboxes(ms) is memo.boxes)  # fmt: skip
+                # a set's mailboxes, once open, last as long as the set (its member state)
+                and (memo.boxes is not None or self._mailboxes(ms) is None))  # fmt: skip
 
     def _express_round(self, memo: Express, array: np.ndarray, output: np.ndarray | None,
                        held: Held) -> Any:  # fmt: skip
