@@ -25,6 +25,7 @@ import numpy as np
 
 from hora.collectives.base import EAGER_BYTES, Comm, as_bytes, check_buffer
 from hora.collectives.reduce_ops import Reducer, reducer
+from hora.transport import tally
 from hora.transport.base import Pair
 
 
@@ -107,8 +108,23 @@ def reduce_like_doubling(parts: list[np.ndarray], reduce: Reducer, out: np.ndarr
         reduce(arrays[a], arrays[b], out=arrays[into])
 
 
+Steps = tuple[tuple[int, int, int], ...]
+
+
+def fold_steps(steps: Steps, ufunc: np.ufunc, parts: list[np.ndarray], out: np.ndarray,
+               scratch: Sequence[np.ndarray]) -> None:  # fmt: skip
+    """:func:`reduce_like_doubling` with ``steps`` (:func:`doubling_steps`) worked out before
+    and enough ``scratch``, folding with ``ufunc`` as is (a reducer that is one call of it,
+    :func:`~hora.collectives.reduce_ops.plain_ufunc`), its bytes counted as a reducer counts
+    them."""
+    arrays = [*parts, out, *scratch]
+    for a, b, into in steps:
+        ufunc(arrays[a], arrays[b], out=arrays[into])
+    tally.counts[tally.REDUCED] += len(steps) * out.nbytes
+
+
 @functools.cache
-def doubling_steps(n: int) -> tuple[tuple[tuple[int, int, int], ...], int]:
+def doubling_steps(n: int) -> tuple[Steps, int]:
     """How :func:`reduce_like_doubling` reduces ``n`` (at least two) members' inputs: its
     calls in order, each ``(a, b, into)``: ``reduce(a, b, out=into)`` over the arrays
     ``parts + [out] + scratch``; and how many scratch arrays they use. The folded pairs

@@ -83,15 +83,22 @@ def reducer(op: int, dtype: str) -> Reducer:
     """A :class:`Reducer`: ``acc = acc (op) incoming`` (or into ``out``) on storage arrays."""
     found = _REDUCERS.get((op, dtype))
     if found is None:
-        _check(op, dtype)
-        if dtype == "bool":
-            found = _ufunc_reducer(_BOOL_UFUNCS[op])
-        elif dtype == "bfloat16" or dtype == "float16" and casts().vectorised:
-            found = _wide_reducer(_UFUNCS[op], dtype)
-        else:  # float16 with NumPy's casts: its float16 ufuncs, the same bits, as fast
-            found = _ufunc_reducer(_UFUNCS[op])
+        ufunc = plain_ufunc(op, dtype)
+        found = _wide_reducer(_UFUNCS[op], dtype) if ufunc is None else _ufunc_reducer(ufunc)
         _REDUCERS[op, dtype] = found
     return found
+
+
+def plain_ufunc(op: int, dtype: str) -> np.ufunc | None:
+    """The ufunc whose one call on storage arrays is :func:`reducer`'s fold (which also
+    counts the bytes); None where the fold widens (bfloat16, and float16 where NumPy's casts
+    are vectorised)."""
+    _check(op, dtype)
+    if dtype == "bool":
+        return _BOOL_UFUNCS[op]
+    if dtype == "bfloat16" or dtype == "float16" and casts().vectorised:
+        return None
+    return _UFUNCS[op]  # float16 with NumPy's casts: its float16 ufuncs, the same bits, as fast
 
 
 _REDUCERS: dict[tuple[int, str], Reducer] = {}  # made once per (op, dtype), checked then

@@ -22,8 +22,21 @@ from typing import Any
 import numpy as np
 
 from hora.backends.base import Backend, SetComm
-from hora.collectives.allreduce_recursive_doubling import doubling_steps, reduce_like_doubling
-from hora.collectives.reduce_ops import AVERAGE, SUM, Reducer, reducer, reducer_scaled, scale
+from hora.collectives.allreduce_recursive_doubling import (
+    Steps,
+    doubling_steps,
+    fold_steps,
+    reduce_like_doubling,
+)
+from hora.collectives.reduce_ops import (
+    AVERAGE,
+    SUM,
+    Reducer,
+    plain_ufunc,
+    reducer,
+    reducer_scaled,
+    scale,
+)
 from hora.collectives.reducescatter_ring import reducescatter_counts
 from hora.core.buffers import BufferOps, HostBufferOps
 from hora.core.messages import OpType, Request, Response, TensorSpec
@@ -74,6 +87,8 @@ class InOrder:
 
     size: int
     reduce: Reducer
+    ufunc: np.ufunc | None  # the reducer's one call, where it is one (then folded with it)
+    steps: Steps
     post: float
     scratch: list[np.ndarray]
 
@@ -81,9 +96,10 @@ class InOrder:
 def in_order(req: Request, size: int) -> InOrder:
     """:class:`InOrder` for ``req`` among ``size`` members (at least two)."""
     op, post = _summed(req, size)
-    needed = doubling_steps(size)[1]
+    steps, needed = doubling_steps(size)
     scratch = [np.empty(req.numel, storage_dtype(req.dtype)) for _ in range(needed)]
-    return InOrder(size, reducer(op, req.dtype), post, scratch)
+    return InOrder(size, reducer(op, req.dtype), plain_ufunc(op, req.dtype), steps, post,
+                   scratch)
 
 
 # an allreduce staged ahead of a round's header (Executor.spread_in): every member's segment of
@@ -499,7 +515,10 @@ class Executor:
             reduce_like_doubling(parts, reducer(op, req.dtype), out)
         else:
             post = prepared.post
-            reduce_like_doubling(parts, prepared.reduce, out, prepared.scratch)
+            if prepared.ufunc is not None:
+                fold_steps(prepared.steps, prepared.ufunc, parts, out, prepared.scratch)
+            else:
+                reduce_like_doubling(parts, prepared.reduce, out, prepared.scratch)
         scale(out, req.dtype, post)
         return out.reshape(req.shape)
 

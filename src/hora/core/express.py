@@ -148,9 +148,9 @@ class ExpressLane:
     def _holds(self, memo: Express) -> bool:
         """Whether the lane's findings for ``memo`` hold now (holding the engine's turn): the
         lane's own conditions, for a member that holds nothing else."""
-        ms = memo.ms
-        if self.members.get(memo.ps_id) is not ms:  # the set was removed (made again)
+        if self.members.get(memo.ps_id) != memo.ms:  # the set was removed (made again)
             return False
+        ms = memo.ms
         return (ms.direct.active and not ms.table
                 and not ms.ready and not ms.other and not ms.barrier and ms.lent is None
                 and self.timeline is None and not self._queue and not self._stopped.is_set()

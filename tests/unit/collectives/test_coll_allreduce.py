@@ -11,7 +11,11 @@ from coll_helpers import run_ranks, to_storage
 
 from hora.collectives import allreduce_ring as allreduce_ring_module
 from hora.collectives import hierarchical, registry
-from hora.collectives.allreduce_recursive_doubling import doubling_steps, reduce_like_doubling
+from hora.collectives.allreduce_recursive_doubling import (
+    doubling_steps,
+    fold_steps,
+    reduce_like_doubling,
+)
 from hora.collectives.base import GroupComm
 from hora.collectives.reduce_ops import (
     AVERAGE,
@@ -20,10 +24,12 @@ from hora.collectives.reduce_ops import (
     PRODUCT,
     SUM,
     bf16_to_f32,
+    plain_ufunc,
     reducer,
     scale,
 )
 from hora.dtypes import DTYPES, FLOATING
+from hora.transport import tally
 from hora.transport.loopback import LoopbackTransport
 
 OPS = [AVERAGE, SUM, MIN, MAX, PRODUCT]
@@ -234,6 +240,18 @@ def test_reduce_like_doubling_keeps_its_bits_with_scratch_arrays_used_again(size
         out = np.full(count, np.nan, np.float32)
         reduce_like_doubling(inputs, reducer(SUM, dtype), out, scratch)
         np.testing.assert_array_equal(out, fresh)
+    # the steps folded with the reducer's ufunc as is: the same bits, the same bytes counted
+    before = tally.snapshot()
+    reduce_like_doubling(inputs, reducer(SUM, dtype), out, scratch)
+    counted = tally.since(before)
+    assert counted == {"reduced": len(steps) * out.nbytes}
+    ufunc = plain_ufunc(SUM, dtype)
+    assert ufunc is np.add and plain_ufunc(SUM, "bfloat16") is None
+    folded = np.full(count, np.nan, np.float32)
+    before = tally.snapshot()
+    fold_steps(steps, ufunc, inputs, folded, scratch)
+    assert tally.since(before) == counted
+    np.testing.assert_array_equal(folded, fresh)
     written = set(range(size))  # the inputs; then each step's destination
     for a, b, into in steps:
         assert a in written and b in written, (a, b, into)
