@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -203,12 +204,22 @@ class ExpressLane:
         boxes, ms = memo.boxes, memo.ms
         assert boxes is not None
         count = boxes.post_lane(lane, inputs.view(np.uint8))
-        posted, looks = boxes.all_posted(count), self._looks()  # as _mailbox_wait looks
-        while not posted and looks > 1:
-            looks -= 1
-            if self.spin_yield:
+        posted = boxes.all_posted(count)
+        if not posted and self.spin_yield and self.spin_s:
+            # ranks outnumber cores: the headers missing come once the ranks that post them
+            # have a core, which yielding this one gives them. Only the counts are looked at
+            # for as long as the round's poller would poll (control messages and wake-ups
+            # wait as long): its set-up and system calls would cost the ranks the core time
+            # they wait for.
+            until = time.perf_counter() + self.spin_s
+            while not posted and time.perf_counter() < until:
                 os.sched_yield()
-            posted = boxes.all_posted(count)
+                posted = boxes.all_posted(count)
+        else:
+            looks = self._looks()  # as _mailbox_wait looks
+            while not posted and looks > 1:
+                looks -= 1
+                posted = boxes.all_posted(count)
         payloads = None if posted else self._gather(ms, boxes, count, looked=True)
         theirs = boxes.lane_inputs(lane, count)
         if theirs is None:

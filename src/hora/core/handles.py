@@ -165,6 +165,14 @@ class NamesInFlight:
                     op = op if isinstance(op, str) else op.name.lower()
                     raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=key[1]))
 
+    def claim_one(self, key: Key, op: Any) -> None:
+        """:meth:`claim` of one name, ``key`` (``op``, its op)."""
+        with self._lock:
+            if key not in self._names:
+                self._names.add(key)
+                return
+        self.claim([key], [op])  # the error (or the name, freed meanwhile)
+
     def release(self, *keys: Key) -> None:
         """Free the names of an op that is done."""
         with self._lock:

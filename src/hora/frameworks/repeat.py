@@ -73,10 +73,9 @@ def again(array: Any, kw: dict[str, Any]) -> Any:
     rt = _rt.runtime()
     if call.rt() is not rt:  # shut down and initialized again since
         return MISSED
-    in_flight.claim([call.key], [call.req.op])
+    in_flight.claim_one(call.key, call.req.op)
     try:
-        got = rt.engine.express(call.ps_id, call.req, x, out,
-                                partial(_held, [call.key], [call.req], [x], [out], None, False))
+        got = rt.engine.express(call.ps_id, call.req, x, out, partial(_left, call, x, out))
     except BaseException:
         in_flight.release(call.key)
         raise
@@ -84,6 +83,11 @@ def again(array: Any, kw: dict[str, Any]) -> Any:
         return got.wait()
     in_flight.release(call.key)
     return MISSED if got is None else got
+
+
+def _left(call: _Call, x: np.ndarray, out: np.ndarray | None) -> tuple[Handle, Any]:
+    """The handle and entry of ``call`` of ``x`` where it leaves the express lane."""
+    return _held([call.key], [call.req], [x], [out], None, False)
 
 
 def remember(array: Any, kw: dict[str, Any]) -> None:
