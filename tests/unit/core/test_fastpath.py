@@ -14,7 +14,6 @@ from hora.core.fastpath import (
     BARRIER,
     OTHER,
     DirectMode,
-    decode_header,
     encode_header,
 )
 from hora.core.handover import (
@@ -30,6 +29,7 @@ from hora.core.handover import (
 )
 from hora.core.messages import OpType, Request, TensorSpec, bits_encode, decode, encode
 from hora.core.response_cache import ResponseCache
+from hora.core.swap import decode_header
 from hora.errors import HoraInternalError
 
 

@@ -13,11 +13,10 @@ import pytest
 from harness import run_ranks
 
 
-def _lockstep(rank: int, turns: int) -> dict[str, Any]:
+def _opened(rank: int) -> tuple[Any, list[Any], Any, Any]:
+    """This rank's transport, its pairs (None at its own place), the set's arena, and its
+    mailboxes."""
     import os
-    import time
-
-    import numpy as np
 
     from hora.transport.shm import ShmTransport
     from hora.transport.shm.arena import open_arena
@@ -29,7 +28,17 @@ def _lockstep(rank: int, turns: int) -> dict[str, Any]:
     pairs = [None if i == rank else t.pair(i) for i in range(size)]
     arena = open_arena(pairs, rank, 1 << 16)
     assert arena is not None
-    boxes = Mailboxes(arena)
+    return t, pairs, arena, Mailboxes(arena)
+
+
+def _lockstep(rank: int, turns: int) -> dict[str, Any]:
+    import os
+    import time
+
+    import numpy as np
+
+    size = int(os.environ["HORA_SIZE"])
+    t, pairs, arena, boxes = _opened(rank)
     capacity = boxes.capacity
 
     def message(member: int, turn: int) -> bytes:
@@ -86,17 +95,8 @@ def _lanes(rank: int, turns: int) -> dict[str, Any]:
 
     import numpy as np
 
-    from hora.transport.shm import ShmTransport
-    from hora.transport.shm.arena import open_arena
-    from hora.transport.shm.mailbox import Mailboxes
-
-    key = bytes.fromhex(os.environ["HORA_SECRET_KEY"])
     size = int(os.environ["HORA_SIZE"])
-    t = ShmTransport(rank, size, key, "test/0", connect_timeout=20)
-    pairs = [None if i == rank else t.pair(i) for i in range(size)]
-    arena = open_arena(pairs, rank, 1 << 16)
-    assert arena is not None
-    boxes = Mailboxes(arena)
+    t, pairs, arena, boxes = _opened(rank)
     start = bytes(range(1, 25))
     lane = boxes.lane(start, 400, np.dtype(np.float32))
     assert lane is not None
