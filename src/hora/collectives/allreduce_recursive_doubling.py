@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from hora.collectives.base import EAGER_BYTES, Comm, as_bytes, check_buffer
-from hora.collectives.reduce_ops import Reducer, reducer
+from hora.collectives.reduce_ops import Reducer, plain_ufunc, reducer
+from hora.dtypes import storage_dtype
 from hora.transport import tally
 from hora.transport.base import Pair
 
@@ -121,6 +123,30 @@ def fold_steps(steps: Steps, ufunc: np.ufunc, parts: list[np.ndarray], out: np.n
     for a, b, into in steps:
         ufunc(arrays[a], arrays[b], out=arrays[into])
     tally.counts[tally.REDUCED] += len(steps) * out.nbytes
+
+
+@dataclass(frozen=True)
+class Doubling:
+    """:func:`reduce_like_doubling` of one op over ``n`` members' inputs of one dtype and
+    size, worked out once (:func:`doubling`): called with the inputs and ``out``."""
+
+    reduce: Reducer
+    ufunc: np.ufunc | None  # the reducer's one call, where it is one (then folded with it)
+    steps: Steps
+    scratch: list[np.ndarray]
+
+    def __call__(self, parts: list[np.ndarray], out: np.ndarray) -> None:
+        if self.ufunc is not None:
+            fold_steps(self.steps, self.ufunc, parts, out, self.scratch)
+        else:
+            reduce_like_doubling(parts, self.reduce, out, self.scratch)
+
+
+def doubling(n: int, op: int, dtype: str, count: int) -> Doubling:
+    """:class:`Doubling` for ``n`` (at least two) members' ``count`` elements of ``dtype``."""
+    steps, needed = doubling_steps(n)
+    scratch = [np.empty(count, storage_dtype(dtype)) for _ in range(needed)]
+    return Doubling(reducer(op, dtype), plain_ufunc(op, dtype), steps, scratch)
 
 
 @functools.cache

@@ -23,24 +23,14 @@ import numpy as np
 
 from hora.backends.base import Backend, SetComm
 from hora.collectives.allreduce_recursive_doubling import (
-    Steps,
-    doubling_steps,
-    fold_steps,
+    Doubling,
+    doubling,
     reduce_like_doubling,
 )
-from hora.collectives.reduce_ops import (
-    AVERAGE,
-    SUM,
-    Reducer,
-    plain_ufunc,
-    reducer,
-    reducer_scaled,
-    scale,
-)
+from hora.collectives.reduce_ops import AVERAGE, SUM, reducer, reducer_scaled, scale
 from hora.collectives.reducescatter_ring import reducescatter_counts
 from hora.core.buffers import BufferOps, HostBufferOps
 from hora.core.messages import OpType, Request, Response, TensorSpec
-from hora.dtypes import storage_dtype
 from hora.errors import HoraInternalError
 from hora.transport.shm.mailbox import Mailboxes
 
@@ -79,27 +69,14 @@ def _summed(req: Request, size: int) -> tuple[int, float]:
     return req.reduce_op, req.postscale
 
 
-@dataclass(frozen=True)
-class InOrder:
-    """What :meth:`Executor.reduced_in_order` takes for one request among ``size`` members,
-    made once for a call made again (:func:`in_order`): its reducer, the factor after it, and
-    scratch arrays of the request's storage."""
-
-    size: int
-    reduce: Reducer
-    ufunc: np.ufunc | None  # the reducer's one call, where it is one (then folded with it)
-    steps: Steps
-    post: float
-    scratch: list[np.ndarray]
+InOrder = tuple[Doubling, float]  # an in-order reduction made once, and the factor after it
 
 
 def in_order(req: Request, size: int) -> InOrder:
-    """:class:`InOrder` for ``req`` among ``size`` members (at least two)."""
+    """What :meth:`Executor.reduced_in_order` takes for ``req`` among ``size`` members (at
+    least two), made once for a call made again."""
     op, post = _summed(req, size)
-    steps, needed = doubling_steps(size)
-    scratch = [np.empty(req.numel, storage_dtype(req.dtype)) for _ in range(needed)]
-    return InOrder(size, reducer(op, req.dtype), plain_ufunc(op, req.dtype), steps, post,
-                   scratch)
+    return doubling(size, op, req.dtype, req.numel), post
 
 
 # an allreduce staged ahead of a round's header (Executor.spread_in): every member's segment of
@@ -514,11 +491,8 @@ class Executor:
             op, post = _summed(req, len(parts))
             reduce_like_doubling(parts, reducer(op, req.dtype), out)
         else:
-            post = prepared.post
-            if prepared.ufunc is not None:
-                fold_steps(prepared.steps, prepared.ufunc, parts, out, prepared.scratch)
-            else:
-                reduce_like_doubling(parts, prepared.reduce, out, prepared.scratch)
+            fold, post = prepared
+            fold(parts, out)
         scale(out, req.dtype, post)
         return out.reshape(req.shape)
 

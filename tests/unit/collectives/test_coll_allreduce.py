@@ -12,6 +12,7 @@ from coll_helpers import run_ranks, to_storage
 from hora.collectives import allreduce_ring as allreduce_ring_module
 from hora.collectives import hierarchical, registry
 from hora.collectives.allreduce_recursive_doubling import (
+    doubling,
     doubling_steps,
     fold_steps,
     reduce_like_doubling,
@@ -252,6 +253,18 @@ def test_reduce_like_doubling_keeps_its_bits_with_scratch_arrays_used_again(size
     fold_steps(steps, ufunc, inputs, folded, scratch)
     assert tally.since(before) == counted
     np.testing.assert_array_equal(folded, fresh)
+    # made once (as the express lane keeps it), for a ufunc reducer and a widening one alike
+    for kind in (dtype, "bfloat16"):
+        theirs = [to_storage(np.random.default_rng(20 + r).standard_normal(count), kind)
+                  for r in range(size)]
+        want = np.empty_like(theirs[0])
+        reduce_like_doubling(theirs, reducer(SUM, kind), want)
+        made = doubling(size, SUM, kind, count)
+        assert (made.ufunc is None) == (kind == "bfloat16")
+        for _ in range(2):
+            got = np.empty_like(theirs[0])
+            made(theirs, got)
+            np.testing.assert_array_equal(got, want)
     written = set(range(size))  # the inputs; then each step's destination
     for a, b, into in steps:
         assert a in written and b in written, (a, b, into)
