@@ -89,8 +89,6 @@ class ExpressLane:
     def _gather(self, ms: Any, boxes: Mailboxes | None, count: int,
                 looked: bool = False) -> list[Any]:  # fmt: skip
         raise NotImplementedError
-    def _looks(self) -> int:
-        raise NotImplementedError
     def _decoded(self, ms: Any, payloads: list[Any], own: Header) -> list[Header]:
         raise NotImplementedError
     def _settle(self, ms: Any, ids: list[int], offer: Offer | None,
@@ -205,7 +203,8 @@ class ExpressLane:
         assert boxes is not None
         count = boxes.post_lane(lane, inputs.view(np.uint8))
         posted = boxes.all_posted(count)
-        if not posted and self.spin_yield and self.spin_s:
+        yielded = not posted and self.spin_yield and self.spin_s
+        if yielded:
             # ranks outnumber cores: the headers missing come once the ranks that post them
             # have a core, which yielding this one gives them. Only the counts are looked at
             # for as long as the round's poller would poll (control messages and wake-ups
@@ -215,12 +214,7 @@ class ExpressLane:
             while not posted and time.perf_counter() < until:
                 os.sched_yield()
                 posted = boxes.all_posted(count)
-        else:
-            looks = self._looks()  # as _mailbox_wait looks
-            while not posted and looks > 1:
-                looks -= 1
-                posted = boxes.all_posted(count)
-        payloads = None if posted else self._gather(ms, boxes, count, looked=True)
+        payloads = None if posted else self._gather(ms, boxes, count, looked=bool(yielded))
         theirs = boxes.lane_inputs(lane, count)
         if theirs is None:
             return payloads or self._gather(ms, boxes, count), None  # as they say

@@ -214,7 +214,7 @@ class HeaderSwap:
         and where two ranks share a core each look after the first comes once the other rank
         yields its core. What the poller serves meanwhile (control messages, wake-ups, a peer
         gone) waits that long. ``looked``: the caller has looked so already (one look more)."""
-        looks = self._looks() if not looked else 1
+        looks = MAILBOX_LOOKS if self._caller_turn and self.spin_s and not looked else 1
         while True:
             for fd, (p, pair) in list(waiting.items()):
                 if boxes.posted(p, count):
@@ -225,11 +225,6 @@ class HeaderSwap:
                 return
             if self.spin_yield:
                 os.sched_yield()
-
-    def _looks(self) -> int:
-        """How many times a round looks at the mailboxes before its poller (see
-        :meth:`_mailbox_wait`)."""
-        return MAILBOX_LOOKS if self._caller_turn and self.spin_s else 1
 
     def _mailboxes(self, ms: Any) -> Mailboxes | None:
         """The mailboxes a round's headers go through in this set; None: on the pairs. The
