@@ -339,3 +339,61 @@ def test_a_call_remembered_before_a_shutdown_goes_the_usual_way_after_an_init() 
     for out in run_ranks(_init_again, 3, timeout=90):
         assert out["right"] is True and int(out["express"]) >= 1, out  # type: ignore[call-overload]
         assert out["engine kept"] is False, out
+
+
+def _torch_in_place(rank: int) -> dict[str, object]:
+    import gc
+    import weakref
+
+    import torch
+
+    import hora.torch as hvd
+
+    hvd.init()
+    n = hvd.size()
+    total = n * (n + 1) / 2
+    seen: dict[str, object] = {}
+
+    def step(label: str, t: torch.Tensor, times: int = 1, **kw: object) -> None:
+        before, ok = _express(), True
+        for _ in range(times):
+            t.fill_(rank + 1.0)
+            got = hvd.allreduce_(t, op=hvd.Sum, name="t", **kw)  # type: ignore[arg-type]
+            ok = ok and got is t and bool(torch.all(t == total))
+        seen[label] = (ok, _express() - before)
+
+    x = torch.empty(300)
+    step("first", x, 4)  # the usual way, then taken by the lane's round and remembered
+    step("again", x, 10)
+    w = torch.empty(300, requires_grad=True)  # autograd's leaf: reduced through a detached view
+    with torch.no_grad():
+        step("requires grad", w, 10)
+    step("priority", x, 1, priority=1)  # another keyword: the usual way
+    step("back", x, 10)
+    y = torch.empty(300, 2)[:, 0]  # strided: reduced through a copy, written back
+    step("strided", y, 6)
+    # a tensor gone leaves nothing alive; one made at its address is another call
+    gone = weakref.ref(x)
+    del x
+    gc.collect()
+    z = torch.empty(300)
+    step("new tensor", z, 10)
+    seen["kept"] = (gone() is None, 0)
+    hvd.shutdown()
+    return seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_a_torch_tensor_reduced_in_place_again_takes_the_express_lane(np_: int) -> None:
+    """``hora.torch.allreduce_`` of the same CPU tensor with the same keywords takes the
+    express lane through a view of the tensor's memory, writing the tensor itself; another
+    keyword goes the usual way, and a tensor that is not its own contiguous memory is reduced
+    through a copy all the same."""
+    for seen in run_ranks(_torch_in_place, np_, timeout=90):
+        assert all(right for right, _ in seen.values()), seen  # type: ignore[misc]
+        taken = {k: e for k, (_, e) in seen.items()}  # type: ignore[misc]
+        # the first calls of a request, and the first after another, go the usual way
+        assert taken["again"] == 10 and taken["requires grad"] == 10, taken
+        assert taken["back"] >= 5 and taken["new tensor"] >= 5, taken
+        assert taken["priority"] == 0, taken

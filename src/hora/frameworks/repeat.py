@@ -2,20 +2,25 @@
 (:mod:`hora.core.express`).
 
 A loop calls ``hvd.allreduce(x, name=..., op=..., output=x)`` with the same arrays and the
-same keywords step after step. Once such a call has gone the usual way and the engine's lane
-took it as the express lane takes it (:meth:`~hora.core.express.ExpressLane.expresses`), this
-thread remembers the call (:func:`remember`): the array (weakly: a call never keeps an array
-alive), each keyword, and the request made. A next call of that array, its shape, dtype and
+same keywords step after step (or, in :mod:`hora.torch`, ``hvd.allreduce_(t, ...)`` with the
+same tensors). Once such a call has gone the usual way and the engine's lane took it as the
+express lane takes it (:meth:`~hora.core.express.ExpressLane.expresses`), this thread
+remembers the call (:func:`remember`): the array or tensor (weakly: a call never keeps one
+alive), each keyword, and the request made. A next call of that object, its shape, dtype and
 layout unchanged, with the same keywords (the same objects; equal values for names, ops and
 factors) is that request again: :func:`again` claims its name and asks the engine to run it
 at once, with nothing to validate, name or build. Any other call goes the usual way, as does
 this one wherever the engine says no.
+
+A tensor is reduced in place through a view of its memory that its framework makes each call
+(``view``: None where it has none to give, and the call goes the usual way).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -34,40 +39,51 @@ CALLS_KEPT = 256  # the calls a thread remembers (then anew)
 _local = threading.local()  # .calls: this thread's calls to run again, by id(array)
 
 
+View = Callable[[Any], "np.ndarray | None"]  # a tensor's memory as NumPy (None: it has none)
+
+
 @dataclass(frozen=True)
 class _Call:
-    array: weakref.ref[np.ndarray]
+    obj: weakref.ref[Any]  # the array, or the tensor
     kw: dict[str, Any]  # every keyword but output
     shape: tuple[int, ...]
-    dtype: np.dtype
-    in_place: bool  # output=array (else none: a new array)
+    dtype: Any  # the array's (NumPy) or the tensor's
+    in_place: bool  # output=array, or a tensor reduced in place (else none: a new array)
     req: Request
     ps_id: int
     key: Key
     rt: weakref.ref[Any]  # the runtime it ran in (hora.core.runtime.Runtime), weakly
 
 
-def again(array: Any, kw: dict[str, Any]) -> Any:
-    """The result of this thread's blocking allreduce of ``array`` with keywords ``kw``,
-    run in the express lane where it is a call remembered; :data:`MISSED` where it was not
-    run (nothing done: it goes the usual way)."""
+def again(obj: Any, kw: dict[str, Any], view: View | None = None) -> Any:
+    """The result of this thread's blocking allreduce of ``obj`` with keywords ``kw``, run in
+    the express lane where it is a call remembered; :data:`MISSED` where it was not run
+    (nothing done: it goes the usual way). ``obj`` is an array, or a tensor reduced in place
+    through ``view``."""
     calls: dict[int, _Call] | None = getattr(_local, "calls", None)
-    call = calls.get(id(array)) if calls else None
+    call = calls.get(id(obj)) if calls else None
     if call is None:
         return MISSED
-    x = call.array()
-    if x is None or x is not array:
+    x = call.obj()
+    if x is None or x is not obj:
         return MISSED
-    out = kw.get("output")
-    if out is not (x if call.in_place else None) or len(kw) - ("output" in kw) != len(call.kw):
+    if len(kw) - ("output" in kw) != len(call.kw):
         return MISSED
     for k, v in kw.items():
         was = call.kw.get(k, MISSED)
         if v is not was and k != "output" and (
                 type(v) not in _BY_VALUE or type(was) is not type(v) or v != was):
             return MISSED
-    if x.shape != call.shape or x.dtype != call.dtype or not x.flags.c_contiguous:
+    if x.shape != call.shape or x.dtype != call.dtype:
         return MISSED  # changed in place since (x.shape = ..., x.resize(...))
+    if view is None:
+        array, out = x, kw.get("output")
+        if out is not (x if call.in_place else None) or not x.flags.c_contiguous:
+            return MISSED
+    else:
+        array = out = view(x)
+        if array is None:
+            return MISSED
     if not _rt.is_initialized():
         return MISSED
     rt = _rt.runtime()
@@ -75,7 +91,8 @@ def again(array: Any, kw: dict[str, Any]) -> Any:
         return MISSED
     in_flight.claim_one(call.key, call.req.op)
     try:
-        got = rt.engine.express(call.ps_id, call.req, x, out, partial(_left, call, x, out))
+        got = rt.engine.express(call.ps_id, call.req, array, out,
+                                partial(_left, call, array, out))  # fmt: skip
     except BaseException:
         in_flight.release(call.key)
         raise
@@ -90,26 +107,36 @@ def _left(call: _Call, x: np.ndarray, out: np.ndarray | None) -> tuple[Handle, A
     return _held([call.key], [call.req], [x], [out], None, False)
 
 
-def remember(array: Any, kw: dict[str, Any]) -> None:
-    """After this thread's blocking allreduce of ``array`` with ``kw`` went the usual way:
+def remember(obj: Any, kw: dict[str, Any], view: View | None = None) -> None:
+    """After this thread's blocking allreduce of ``obj`` with ``kw`` went the usual way:
     remember it for :func:`again` where its request came from the named array as it is
-    (:func:`submit.last_plain`), with no output but the array itself and nothing to
-    finalize, and the engine took it as the express lane does; else forget it."""
+    (:func:`submit.last_plain`: ``obj`` itself, or the memory ``view`` gives of it), with no
+    output but the array itself and nothing to finalize, and the engine took it as the
+    express lane does; else forget it."""
     calls: dict[int, _Call] | None = getattr(_local, "calls", None)
     if calls:
-        calls.pop(id(array), None)
-    plain = last_plain(array)
+        calls.pop(id(obj), None)
+    plain = last_plain()
     if plain is None or kw.get("finalize") is not None:
         return
+    x, req, ps_id = plain
     out = kw.get("output")
-    if out is not None and out is not array:
+    if view is None:
+        if x is not obj or (out is not None and out is not obj):
+            return
+    elif out is not None or not _same_memory(x, view(obj)):
         return
-    req, ps_id = plain
     rt = _rt.runtime()
     if not rt.engine.expresses(req):
         return
     if calls is None or len(calls) >= CALLS_KEPT:
         calls = _local.calls = {}
-    calls[id(array)] = _Call(weakref.ref(array), {k: v for k, v in kw.items() if k != "output"},
-                             array.shape, array.dtype, out is array, req, ps_id,
-                             (ps_id, req.match), weakref.ref(rt))
+    calls[id(obj)] = _Call(weakref.ref(obj), {k: v for k, v in kw.items() if k != "output"},
+                           obj.shape, obj.dtype, out is obj or view is not None, req, ps_id,
+                           (ps_id, req.match), weakref.ref(rt))
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray | None) -> bool:
+    """Whether ``b`` is ``a``'s memory as ``a`` lays it out (both views of one tensor)."""
+    return (b is not None and a.shape == b.shape and a.dtype == b.dtype
+            and a.__array_interface__["data"] == b.__array_interface__["data"])  # fmt: skip

@@ -314,14 +314,12 @@ def _prepare(
     return reqs, arrs, handle
 
 
-def last_plain(array: Any) -> tuple[Request, int] | None:
-    """The request, and its set, that this thread's last submission made or found in
-    ``_plain`` for ``array`` (None: it did not); taken once."""
+def last_plain() -> tuple[np.ndarray, Request, int] | None:
+    """The array, its request and its set, that this thread's last submission made or found
+    in ``_plain`` (None: it did not); taken once."""
     plain = getattr(_caller, "plain", None)
     _caller.plain = None
-    if plain is None or plain[0] is not array:
-        return None
-    return plain[1], plain[2]
+    return plain  # type: ignore[no-any-return]
 
 
 def _per_array(dtype: Any, n: int) -> list[str | None]:
