@@ -37,7 +37,7 @@ from hora.transport.shm.waiting import peer_closed, sleep_nap
 # arena's mailboxes (one write each, polled for) rather than on every pair (a system call per
 # member on each side, and a wake-up); the member polling naps up to _NAP_MAX seconds between
 # polls (hora.transport.shm.waiting.sleep_nap)
-MAILBOX_MIN_MEMBERS = 3
+MAILBOX_MIN_MEMBERS = 2
 MAILBOX_LOOKS = 16  # a caller's looks at the mailboxes before its round's poller (_mailbox_wait)
 _NAP_MAX = 500e-6
 
