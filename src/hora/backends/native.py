@@ -334,8 +334,8 @@ class NativeBackend:
         return self.mailboxes(comm)
 
     def mailboxes(self, comm: SetComm) -> Mailboxes | None:
-        """The mailboxes of the set's shared arena (what a round's header goes through in a
-        set of more than two members); None if the set has no arena open. Never opens one."""
+        """The mailboxes of the set's shared arena (what a direct-mode round's header goes
+        through); None if the set has no arena open. Never opens one."""
         arena = self._arenas.get(comm.process_set_id)
         if arena is None:
             return None

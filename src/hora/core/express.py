@@ -106,7 +106,7 @@ class ExpressLane:
             memos = self._expresses = {}
         req = entry.spec_request
         boxes, laid = self._mailboxes(ms), None
-        if boxes is not None and req.nbytes:  # a set of three or more (pairs have none)
+        if boxes is not None and req.nbytes:  # a set on one host with its arena open
             lane = boxes.lane(start, req.nbytes, storage_dtype(req.dtype))
             laid = None if lane is None else (lane, in_order(req, ms.comm.size))
         memos[id(req)] = Express(req, ms.comm.process_set_id, ms, cid, spec, start, boxes, laid)

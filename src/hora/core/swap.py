@@ -1,7 +1,7 @@
 """A direct-mode round's headers: this member's to every other, and theirs.
 
 Every member of a set sends every other its header for a round and waits for theirs
-(:mod:`hora.core.fastpath`). In a set of three or more members with a shared arena the
+(:mod:`hora.core.fastpath`). In a set with a shared arena (a pair's too) the
 headers go through its mailboxes (:mod:`hora.transport.shm.mailbox`): each written once and
 polled for; otherwise, and for a header too large for a mailbox, on every pair. The wait
 serves what comes meanwhile: control messages, the engine's wake-ups, a peer gone, a stall
@@ -97,8 +97,8 @@ class HeaderSwap:
         other) to the others and wait for theirs, serving control messages and wake-ups
         meanwhile: every other member's header as it came, in member order (None at this
         member's place). A shutdown does not end the wait: every other member sends its
-        header for this round, or ``STOP`` once it shuts down. In a set of more than two
-        members with a shared arena the headers go through its mailboxes
+        header for this round, or ``STOP`` once it shuts down. In a set with a shared arena
+        the headers go through its mailboxes
         (:mod:`hora.transport.shm.mailbox`): each written once, and polled for, and given here
         as a view of the mailbox, which holds it until this member posts its next header
         (:meth:`Mailboxes.take`)."""
