@@ -95,7 +95,7 @@ def lightning_fit(
     )  # fmt: skip
     trainer.fit(net, DataLoader(dataset(), batch_size=BATCH))
     out = {"backend": dist.get_backend(), "rank": dist.get_rank(), "losses": net.losses,
-           "params": digest(net.net)}  # fmt: skip
+           "params": digest(net.net), "size": dist.get_world_size()}  # fmt: skip
     group = dist.group.WORLD
     dist.destroy_process_group()
     return out, group
@@ -141,11 +141,25 @@ def accelerate_fit(backend: str) -> tuple[dict[str, Any], Any]:
         gathered.append([v.hex() for v in acc.gather(loss.detach()).tolist()])
     out = {"backend": dist.get_backend(), "rank": dist.get_rank(), "losses": losses,
            "gathered": gathered, "state_backend": acc.state.backend,
-           "params": digest(acc.unwrap_model(model))}  # fmt: skip
+           "params": digest(acc.unwrap_model(model)), "size": dist.get_world_size()}  # fmt: skip
     group = dist.group.WORLD
     acc.end_training()  # destroys the group
     AcceleratorState._reset_state(reset_partial_state=True)  # a second Accelerator follows
     return out, group
+
+
+def all_here(out: Path, step: str, res: dict[str, Any]) -> None:
+    """Wait until every rank has freed its group of ``step`` (``res``: this rank's results),
+    through files in ``out``. The next training's store listens on the same port, and torch's
+    stores of one port in one process share a server (``multi_tenant``): a rank that connects
+    before rank 0 has freed the last one reaches the old server, and rank 0's new one waits for
+    it forever."""
+    (out / f".{step}.{res['rank']}").touch()
+    deadline = time.monotonic() + 60
+    while not all((out / f".{step}.{r}").exists() for r in range(res["size"])):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the other ranks did not finish {step} within 60 s")
+        time.sleep(0.01)
 
 
 def main() -> None:
@@ -162,6 +176,7 @@ def main() -> None:
                 results[backend], group = accelerate_fit(backend)
             gc.collect()  # the trainer, the model and its reducer (cycles among them)
             del group  # then the group (see above)
+            all_here(out, f"{client}.{backend}", results[backend])
         rank = results["hora"]["rank"]
         (out / f"{client}.{rank}.json").write_text(json.dumps(results))
     sys.stdout.flush()
