@@ -186,26 +186,40 @@ def test_a_mismatch_after_the_express_lane_raises_on_every_rank_naming_both_side
         assert int(r.value["express"]) >= 1, r.value  # type: ignore[call-overload]
 
 
-def _peer_dies(rank: int) -> dict[str, object]:
+def _peer_dies(rank: int, api: str) -> dict[str, object]:
     import os
     import signal
     import time
 
     import numpy as np
 
-    import hora as hvd
+    if api == "torch":  # hora.torch.allreduce_ of a CPU tensor, through its memory's view
+        import torch
+
+        import hora.torch as hvd
+
+        t = torch.ones(8)
+
+        def call() -> None:
+            hvd.allreduce_(t, op=hvd.Sum, name="d")
+    else:
+        import hora as hvd
+
+        x = np.ones(8)
+
+        def call() -> None:
+            hvd.allreduce(x, op=hvd.Sum, output=x, name="d")
 
     hvd.init()
-    x = np.ones(8)
     for _ in range(6):
-        hvd.allreduce(x, op=hvd.Sum, output=x, name="d")
+        call()
     express = _express()
     if rank == 1:
         time.sleep(0.5)  # the others now wait in an express round
         os.kill(os.getpid(), signal.SIGKILL)
     t0 = time.monotonic()
     try:
-        hvd.allreduce(x, op=hvd.Sum, output=x, name="d")
+        call()
         err = "completed?!"
     except hvd.HorovodInternalError as e:
         err = str(e)
@@ -213,9 +227,10 @@ def _peer_dies(rank: int) -> dict[str, object]:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("np_", [2, 3])
-def test_a_peer_that_dies_during_an_express_round_fails_the_others_quickly(np_: int) -> None:
-    results = spawn_ranks(_peer_dies, np_, timeout=60)
+@pytest.mark.parametrize(("np_", "api"), [(2, "numpy"), (3, "numpy"), (2, "torch")])
+def test_a_peer_that_dies_during_an_express_round_fails_the_others_quickly(np_: int,
+                                                                           api: str) -> None:
+    results = spawn_ranks(_peer_dies, np_, args=(api,), timeout=60)
     assert results[1].status == "died" and results[1].returncode == -9
     for r in results[:1] + results[2:]:
         assert r.ok, r.stderr

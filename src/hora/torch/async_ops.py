@@ -171,8 +171,13 @@ def allreduce_(
     kw = {"name": name, "op": op, "prescale_factor": prescale_factor,
           "postscale_factor": postscale_factor, "process_set": process_set,
           "priority": priority}  # fmt: skip
-    if repeat.again(tensor, kw, host_view) is not repeat.MISSED:  # the express lane
-        return tensor
+    try:
+        if repeat.again(tensor, kw, host_view) is not repeat.MISSED:  # the express lane
+            return tensor
+    except HoraInternalError:
+        raise
+    except RuntimeError as e:  # a failure raises as synchronize() raises it
+        raise HoraInternalError(str(e)) from e
     got = blocking(allreduce_async_, tensor, None, name, op, prescale_factor,
                    postscale_factor, process_set, priority=priority)  # fmt: skip
     repeat.remember(tensor, kw, host_view)
