@@ -3,8 +3,8 @@
 Each check is one usage pattern from a Horovod script: unnamed ops of different kinds in flight
 together, sparse gradients with SparseAdam (with and without ``sparse_as_dense``), the
 exception classes Horovod scripts catch, the gradients ``broadcast_optimizer_state`` leaves
-behind, Horovod's warning text for ``step()`` after ``synchronize()``, and the return
-convention of ``alltoall`` in both APIs.
+behind, Horovod's warning text for ``step()`` after ``synchronize()``, the return
+convention of ``alltoall`` in both APIs, and the optimizer's ``_parameter_names``.
 """
 
 from __future__ import annotations
@@ -155,6 +155,20 @@ def check_alltoall_return_convention(hvd: Any, r: int, n: int) -> None:
     # the async forms give the pair either way, as Horovod's synchronize does
     out, received = hora.synchronize(hora.alltoall_async(even, name="conv.np.async"))
     assert received.tolist() == [2] * n
+
+
+def check_optimizer_parameter_names_are_horovods_private_mapping(hvd: Any, r: int,
+                                                                    n: int) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
+    names = opt._parameter_names  # param -> name, without named_parameters
+    assert set(names) == set(model.parameters()) and len(set(names.values())) == 4, names
+    assert all(ps == set(names.values()) for ps in hvd.allgather_object(set(names.values())))
+    named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())  # fmt: skip
+    assert {named._parameter_names[p]: p for p in model.parameters()} == dict(
+        model.named_parameters())
 
 
 CHECKS = {name: fn for name, fn in dict(globals()).items() if name.startswith("check_")}

@@ -157,6 +157,12 @@ class _DistributedOptimizer(OptimizerWrapper):
         self.set_backward_passes_per_step(backward_passes_per_step)
         self._register_hooks(self._params)
 
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """Each parameter's name, by parameter: Horovod's name for this mapping, which scripts
+        and Horovod's own tests read."""
+        return self._names
+
     def _register_hooks(self, params: list[torch.Tensor]) -> None:
         if self._hooked:
             ref = weakref.ref(self)
