@@ -188,10 +188,10 @@ def host_view(tensor: torch.Tensor) -> np.ndarray | None:
     """``tensor``'s memory as the NumPy view :func:`stage` would make of it, where that is a
     view of a CPU tensor's own memory as it is (no copy, no dtype given apart); else None."""
     if (tensor.device.type != "cpu" or tensor.layout is not torch.strided
-            or tensor.dtype is torch.bfloat16 or not tensor.is_contiguous()
-            or tensor.is_conj() or tensor.is_neg()):  # fmt: skip
+            or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()):  # fmt: skip
         return None
-    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+    array, dtype = _numpy(tensor.detach() if tensor.requires_grad else tensor)
+    return array if dtype is None else None
 
 
 def direct_device() -> torch.device | None:
