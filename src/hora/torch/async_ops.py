@@ -171,13 +171,9 @@ def allreduce_(
     kw = {"name": name, "op": op, "prescale_factor": prescale_factor,
           "postscale_factor": postscale_factor, "process_set": process_set,
           "priority": priority}  # fmt: skip
-    try:
+    with _AS_HOROVODS:
         if repeat.again(tensor, kw, host_view) is not repeat.MISSED:  # the express lane
             return tensor
-    except HoraInternalError:
-        raise
-    except RuntimeError as e:  # a failure raises as synchronize() raises it
-        raise HoraInternalError(str(e)) from e
     got = blocking(allreduce_async_, tensor, None, name, op, prescale_factor,
                    postscale_factor, process_set, priority=priority)  # fmt: skip
     repeat.remember(tensor, kw, host_view)
@@ -442,12 +438,24 @@ def synchronize(handle: Handle | int) -> Any:
 
     An unknown (or already synchronized) handle returns None.
     """
-    try:
+    with _AS_HOROVODS:
         return ops.synchronize(handle)
-    except HoraInternalError:
-        raise
-    except RuntimeError as e:
-        raise HoraInternalError(str(e)) from e
+
+
+class _HorovodErrors:
+    """Around a wait for an op: its failure (a ``RuntimeError``) raises as Horovod's torch ops
+    raise one, ``HorovodInternalError``. One instance serves every wait."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, e: BaseException | None, tb: Any) -> bool:
+        if isinstance(e, RuntimeError) and not isinstance(e, HoraInternalError):
+            raise HoraInternalError(str(e)) from e
+        return False
+
+
+_AS_HOROVODS = _HorovodErrors()
 
 
 def join(device: int = -1, *, process_set: ProcessSet = global_process_set) -> int:
