@@ -121,7 +121,7 @@ def fold_steps(steps: Steps, ufunc: np.ufunc, parts: list[np.ndarray], out: np.n
     them."""
     arrays = [*parts, out, *scratch]
     for a, b, into in steps:
-        ufunc(arrays[a], arrays[b], out=arrays[into])
+        ufunc(arrays[a], arrays[b], arrays[into])  # out positionally: a keyword costs more
     tally.counts[tally.REDUCED] += len(steps) * out.nbytes
 
 

@@ -493,8 +493,10 @@ class Executor:
         else:
             fold, post = prepared
             fold(parts, out)
-        scale(out, req.dtype, post)
-        return out.reshape(req.shape)
+        if post != 1.0:
+            scale(out, req.dtype, post)
+        return output if output is not None and output.shape == req.shape else out.reshape(
+            req.shape)
 
     @staticmethod
     def exchanged(spec: TensorSpec, output: np.ndarray | None, in_place: bool,

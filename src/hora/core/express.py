@@ -59,6 +59,7 @@ class Express:
     start: bytes
     boxes: Mailboxes | None
     laid: tuple[Lane, InOrder] | None = None  # its posts and reduction, made once (mailboxes)
+    names: tuple[str, ...] = ()  # what the stall inspector names while it runs (MemberState)
 
 
 class ExpressLane:
@@ -66,6 +67,7 @@ class ExpressLane:
     :class:`~hora.core.fastpath.DirectRounds`, whose state it uses as declared here)."""
 
     executor: Executor
+    coordinator: Any  # hora.core.controller.Coordinator on rank 0, else None
     stats: dict[str, int]
     timeline: Any
     members: dict[int, Any]
@@ -109,7 +111,8 @@ class ExpressLane:
         if boxes is not None and req.nbytes:  # a set on one host with its arena open
             lane = boxes.lane(start, req.nbytes, storage_dtype(req.dtype))
             laid = None if lane is None else (lane, in_order(req, ms.comm.size))
-        memos[id(req)] = Express(req, ms.comm.process_set_id, ms, cid, spec, start, boxes, laid)
+        memos[id(req)] = Express(req, ms.comm.process_set_id, ms, cid, spec, start, boxes, laid,
+                                 (req.name,))  # fmt: skip
 
     def _memo(self, req: Request) -> Express | None:
         memos = self._expresses
@@ -128,8 +131,9 @@ class ExpressLane:
         or the handle to wait on where the call left the express lane after its header was
         posted (``held`` makes it); or None, with nothing done, where the lane's findings may
         no longer hold (the caller then submits it as usual)."""
-        memo = self._memo(req)
-        if memo is None or memo.ps_id != ps_id or self._queue:
+        memos = self._expresses  # self._memo(req), without a call: every call of the lane asks
+        memo = memos.get(id(req)) if memos else None
+        if memo is None or memo.req is not req or memo.ps_id != ps_id or self._queue:
             return None
         ms = memo.ms
         if not self._turn.acquire(False):  # the engine thread, or another caller, is in a round
@@ -166,7 +170,7 @@ class ExpressLane:
         inputs = array.reshape(-1)
         self.stats["direct_rounds"] += 1
         self._caller_turn = True
-        ms.expressing = (memo.req.name,)  # for the stall inspector's message
+        ms.expressing = memo.names  # for the stall inspector's message
         try:
             if laid is None:
                 payloads = self._swap(ms, (start, inputs.view(np.uint8)))
@@ -183,7 +187,10 @@ class ExpressLane:
             ms.expressing = ()
         if parts is None:  # some other header: the lane's round goes on as any other
             return self._leave(memo, inputs, payloads, held)
-        self._touch(ms, [cid])
+        if self.coordinator is None:
+            ms.cache.touch(cid)  # what _touch does, but for the coordinator's mirror
+        else:
+            self._touch(ms, [cid])
         stats = self.stats
         stats["responses"] += 1
         stats["exchanged"] += 1

@@ -419,6 +419,11 @@ def is_initialized() -> bool:
     return _runtime is not None
 
 
+def current() -> Runtime | None:
+    """The runtime, None before ``init()`` and after ``shutdown()`` (a hot path's one call)."""
+    return _runtime
+
+
 def engine_core(ident: Identity, spec: str) -> int | None:
     """The core ``HOROVOD_THREAD_AFFINITY`` (one core id per local rank, comma-separated) gives
     this rank's engine thread; None when unset. ValueError, saying what to give, otherwise."""

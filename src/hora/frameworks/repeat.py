@@ -84,14 +84,15 @@ def again(obj: Any, kw: dict[str, Any], view: View | None = None) -> Any:
         array = out = view(x)
         if array is None:
             return MISSED
-    if not _rt.is_initialized():
+    rt = _rt.current()
+    if rt is None:
         return MISSED
-    rt = _rt.runtime()
+    engine = rt.engine
     if call.rt() is not rt:  # shut down and initialized again since
         return MISSED
     in_flight.claim_one(call.key, call.req.op)
     try:
-        got = rt.engine.express(call.ps_id, call.req, array, out,
+        got = engine.express(call.ps_id, call.req, array, out,
                                 partial(_left, call, array, out))  # fmt: skip
     except BaseException:
         in_flight.release(call.key)

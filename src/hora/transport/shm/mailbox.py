@@ -62,7 +62,9 @@ class Mailboxes:
 
     def __init__(self, arena: Arena) -> None:
         self.rank = arena.rank
-        self._words = arena.words()
+        # the members' words as memoryviews: an item read or written costs a third of a NumPy
+        # array's (a round reads and writes the counts a few times)
+        self._words = [w.data for w in arena.words()]
         self._theirs = [w for m, w in enumerate(self._words) if m != self.rank]
         # as memoryviews: a slice of one, or a copy into one, costs less than of an array
         self._boxes = tuple([b.data for b in arena.mailboxes(k)] for k in (0, 1))
@@ -73,7 +75,7 @@ class Mailboxes:
         count, and whether they fit the mailbox (if not, the caller sends them on every
         pair). :meth:`commit` then makes it seen."""
         me = self.rank
-        count = int(self._words[me][COUNT_WORD]) + 1
+        count = self._words[me][COUNT_WORD] + 1
         box = self._boxes[count & 1][me]
         at, end = _ENTRY.size, len(box)
         for part in parts:
@@ -109,7 +111,7 @@ class Mailboxes:
         """Post ``lane``'s header with ``inputs`` (bytes, as many as it says), as
         :meth:`begin` and :meth:`commit` would: its count."""
         word = self._words[self.rank]
-        count = int(word[COUNT_WORD]) + 1
+        count = word[COUNT_WORD] + 1
         box = lane.mine[count & 1]
         box[: lane.at] = _COUNT.pack(count) + lane.tail
         box[lane.at : lane.end] = inputs
@@ -140,7 +142,7 @@ class Mailboxes:
 
     def posted(self, member: int, count: int) -> bool:
         """Whether ``member`` has posted its post ``count``."""
-        return bool(self._words[member][COUNT_WORD] >= count)
+        return self._words[member][COUNT_WORD] >= count
 
     def take(self, member: int, count: int, pair: Pair) -> Any:
         """``member``'s post ``count`` (:meth:`posted`): a view of its mailbox, which holds the
