@@ -24,9 +24,7 @@ engine's shutdown error.
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -208,23 +206,18 @@ class ExpressLane:
         inputs where every other member's header is the lane's (else None)."""
         boxes, ms = memo.boxes, memo.ms
         assert boxes is not None
-        count = boxes.post_lane(lane, inputs.view(np.uint8))
-        posted = boxes.all_posted(count)
-        yielded = not posted and self.spin_yield and self.spin_s
-        if yielded:
-            # ranks outnumber cores: the headers missing come once the ranks that post them
-            # have a core, which yielding this one gives them. Only the counts are looked at
-            # for as long as the round's poller would poll (control messages and wake-ups
-            # wait as long): its set-up and system calls would cost the ranks the core time
-            # they wait for.
-            until = time.perf_counter() + self.spin_s
-            while not posted and time.perf_counter() < until:
-                os.sched_yield()
-                posted = boxes.all_posted(count)
-        payloads = None if posted else self._gather(ms, boxes, count, looked=bool(yielded))
-        theirs = boxes.lane_inputs(lane, count)
-        if theirs is None:
-            return payloads or self._gather(ms, boxes, count), None  # as they say
+        # only the counts are looked at for as long as the round's poller would poll (control
+        # messages and wake-ups wait as long): its set-up and system calls cost about as much
+        # as the header a rank waits for, and where ranks outnumber cores the headers missing
+        # come once the ranks that post them have a core, which yielding this one gives them
+        count, theirs = boxes.lane_round(lane, inputs.view(np.uint8), self.spin_s,
+                                         self.spin_yield)  # fmt: skip
+        payloads = None
+        if theirs is None:  # late, or some other header
+            payloads = self._gather(ms, boxes, count, looked=True)
+            theirs = boxes.lane_inputs(lane, count)
+            if theirs is None:
+                return payloads, None  # as they say
         parts = list(theirs)
         parts[ms.comm.rank] = inputs
         return payloads, parts

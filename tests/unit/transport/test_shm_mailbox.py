@@ -115,7 +115,7 @@ def _lanes(rank: int, turns: int) -> dict[str, Any]:
             assert fits
             boxes.commit(count)
         else:
-            count = boxes.post_lane(lane, x.view(np.uint8))
+            count, _ = boxes.lane_round(lane, x.view(np.uint8), 0.0, False)
         while not boxes.all_posted(count):
             pass
         inputs = boxes.lane_inputs(lane, count)
@@ -145,7 +145,7 @@ def _lanes(rank: int, turns: int) -> dict[str, Any]:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("np_", [3, 4])
 def test_a_lanes_posts_read_as_any_post_and_its_inputs_where_they_lie(np_: int) -> None:
-    """A lane's posts (:meth:`Mailboxes.post_lane`) and the same header posted as any other
+    """A lane's posts (:meth:`Mailboxes.lane_round`) and the same header posted as any other
     (:meth:`Mailboxes.begin`) are one and the same to every reader; a header that differs is
     never taken for the lane's."""
     turns = 60

@@ -19,7 +19,9 @@ later message from the same member.
 
 from __future__ import annotations
 
+import os
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -107,16 +109,43 @@ class Mailboxes:
                    for m, box in enumerate(self._boxes[k])] for k in (0, 1)),  # type: ignore[arg-type]
         )  # fmt: skip
 
-    def post_lane(self, lane: Lane, inputs: Any) -> int:
-        """Post ``lane``'s header with ``inputs`` (bytes, as many as it says), as
-        :meth:`begin` and :meth:`commit` would: its count."""
+    def lane_round(self, lane: Lane, inputs: Any, look_s: float,
+                   yielding: bool) -> tuple[int, list[np.ndarray | None] | None]:  # fmt: skip
+        """Post ``lane``'s header with ``inputs`` (bytes, as many as it says), as :meth:`begin`
+        and :meth:`commit` would, then look for every other member's post for up to
+        ``look_s`` seconds (giving the core to any other runnable thread between looks where
+        ``yielding``): its count, and every member's inputs where they lie, as
+        :meth:`lane_inputs` gives them, where every other member posted ``lane``'s header
+        meanwhile; else None (the caller waits for the posts as for any, and reads what they
+        say: :meth:`lane_inputs`, :meth:`take`). A round's steps in one call: a blocking loop
+        of one allreduce makes it every call."""
         word = self._words[self.rank]
         count = word[COUNT_WORD] + 1
-        box = lane.mine[count & 1]
-        box[: lane.at] = _COUNT.pack(count) + lane.tail
+        k = count & 1
+        head = _COUNT.pack(count) + lane.tail
+        box = lane.mine[k]
+        box[: lane.at] = head
         box[lane.at : lane.end] = inputs
         word[COUNT_WORD] = count
-        return count
+        for other in self._theirs:
+            if other[COUNT_WORD] < count and not self._looked(count, look_s, yielding):
+                return count, None
+        for theirs in lane.heads[k]:
+            if theirs != head:  # the same bytes where the member posted the lane's header
+                return count, None
+        return count, lane.inputs[k]
+
+    def _looked(self, count: int, look_s: float, yielding: bool) -> bool:
+        """Whether every other member posts its post ``count`` within ``look_s`` seconds,
+        looking again and again (yielding the core between looks where ``yielding``)."""
+        until = time.perf_counter() + look_s
+        while True:
+            if yielding:
+                os.sched_yield()
+            if self.all_posted(count):
+                return True
+            if time.perf_counter() >= until:
+                return False
 
     def lane_inputs(self, lane: Lane, count: int) -> list[np.ndarray | None] | None:
         """Every member's inputs where they lie (None at this member's place) when every
