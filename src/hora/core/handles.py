@@ -146,37 +146,40 @@ Key = tuple[int, str]  # (process set id, op name without its op prefix)
 
 
 class NamesInFlight:
-    """The names of every op submitted and not yet done. Thread-safe: user threads claim,
-    the engine thread releases."""
+    """The names of every op submitted and not yet done. Thread-safe without a lock: user
+    threads claim, the engine thread releases, each name by one dictionary call, which is
+    atomic (a blocking loop's call claims and releases its name every time)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._names: set[Key] = set()
+        self._names: dict[Key, object] = {}  # each name's claim: an object made for it
 
     def claim(self, keys: list[Key], ops: Sequence[Any]) -> None:
         """Take all of ``keys`` (``ops``: each one's op, an ``OpType`` or its lower-case name,
         for the error), or none of them: ValueError when one is still in flight."""
-        with self._lock:
-            if self._names.isdisjoint(keys):
-                self._names.update(keys)
-                return
-            for key, op in zip(keys, ops):
-                if key in self._names:
-                    op = op if isinstance(op, str) else op.name.lower()
-                    raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=key[1]))
+        names, mine = self._names, object()
+        for i, (key, op) in enumerate(zip(keys, ops)):
+            if names.setdefault(key, mine) is not mine:
+                for taken in keys[:i]:  # none but this claim releases them: not submitted yet
+                    names.pop(taken, None)
+                _duplicate(key, op)
 
     def claim_one(self, key: Key, op: Any) -> None:
         """:meth:`claim` of one name, ``key`` (``op``, its op)."""
-        with self._lock:
-            if key not in self._names:
-                self._names.add(key)
-                return
-        self.claim([key], [op])  # the error (or the name, freed meanwhile)
+        mine = object()
+        if self._names.setdefault(key, mine) is not mine:
+            _duplicate(key, op)
 
     def release(self, *keys: Key) -> None:
         """Free the names of an op that is done."""
-        with self._lock:
-            self._names.difference_update(keys)
+        names = self._names
+        for key in keys:
+            names.pop(key, None)
+
+
+def _duplicate(key: Key, op: Any) -> None:
+    """The error for ``key``, claimed while still in flight (``op``: its op)."""
+    op = op if isinstance(op, str) else op.name.lower()
+    raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=key[1]))
 
 
 in_flight = NamesInFlight()
