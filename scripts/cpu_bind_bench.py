@@ -4,6 +4,8 @@ Run under the launcher, once per setting, and compare rank 0's RESULT lines:
 
     HORA_CPU_BIND=auto hora run -np 2 python scripts/cpu_bind_bench.py
     HORA_CPU_BIND=none hora run -np 2 python scripts/cpu_bind_bench.py
+    HORA_CPU_BIND=crowded hora run -np 4 python scripts/cpu_bind_bench.py   # ranks > cores
+    HORA_CPU_BIND=none hora run -np 4 python scripts/cpu_bind_bench.py
     HORA_CPU_OPERATIONS=gloo HORA_CPU_BIND=auto hora run -np 2 python scripts/cpu_bind_bench.py
 
 After ``hvd.init()`` (where the binding happens) it times: a 4 KiB hora allreduce; a 4 KiB and a

@@ -43,7 +43,7 @@ CPU_OPERATIONS = ("native", "gloo", "mpi", "nccl")
 GPU_OPERATIONS = ("nccl", "mpi", "gloo", "native")
 # the ops Horovod lets HOROVOD_GPU_<OP> choose a GPU backend for, one by one
 GPU_OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
-CPU_BIND = ("auto", "none")
+CPU_BIND = ("auto", "crowded", "none")
 # Libraries Horovod can be built with and hora does not have: name -> what to use instead.
 NOT_BUILT = {
     "ccl": "Intel oneCCL",
@@ -440,13 +440,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         "cpu_bind",
         str,
-        "none",
+        "crowded",
         "CPU_BIND",
-        "none (default): leave placement to the OS; auto: give each local rank its own slice "
-        "of the host's cores where its threads fit the slice (and nothing bound the process "
-        "already). auto speeds up hora's small collectives but confines everything else the "
-        "process runs (DataLoader workers, torch.distributed) to that slice, which can slow "
-        "training on a shared host.",
+        "crowded (default): on a host with more local ranks than cores, give each rank one "
+        "core, the cores dealt out in turn, where its threads fit one core (and nothing bound "
+        "the process already); elsewhere leave placement to the OS. none: always leave it to "
+        "the OS. auto: also give each local rank its own slice of the cores on a host with a "
+        "core or more per rank, which speeds up hora's small collectives but confines "
+        "everything else the process runs (DataLoader workers, torch.distributed) to that "
+        "slice, which can slow training on a shared host.",
         "--cpu-bind",
         "library_options",
         "cpu_bind",

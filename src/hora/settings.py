@@ -233,7 +233,7 @@ class Settings:
     mpi_threads_disable: bool = False
     shm_disable: bool = False
     shm_single_copy: bool = True
-    cpu_bind: str = "none"
+    cpu_bind: str = "crowded"
     thread_affinity: str = ""
     num_nccl_streams: int = 1
     explicit: frozenset[str] = field(default_factory=frozenset)  # fields set by env

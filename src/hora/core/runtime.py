@@ -40,7 +40,7 @@ from hora.core.process_sets import (
 from hora.errors import NOT_INITIALIZED_MESSAGE, MismatchError
 from hora.identity import Identity, detect
 from hora.rendezvous.rounds import WorkerRemoved, is_elastic_worker, join
-from hora.settings import Settings, check_paths, env_lookup, load
+from hora.settings import CPU_BIND, Settings, check_paths, env_lookup, load
 
 log = logging.getLogger("hora")
 
@@ -457,6 +457,8 @@ def engine_core(ident: Identity, spec: str) -> int | None:
 ThreadHook = Callable[[int], tuple[int, bool]]
 _thread_hooks: list[ThreadHook] = []
 _unbound: set[int] | None = None  # the process's cores before init() bound it (to rebind)
+# whether children forked from now on get _unbound back (the rank was bound as "crowded")
+_children_unbound = False
 _said_threads = False  # the thread share was said (local rank 0, once per process)
 
 
@@ -514,36 +516,50 @@ def _share_threads(ident: Identity, cores: list[int] | None) -> int | None:
 
 def _bind_cpus(ident: Identity, mode: str, cores: list[int] | None,
                threads: int | None) -> None:  # fmt: skip
-    """With ``HORA_CPU_BIND=auto``: give each local rank its own slice of the host's cores.
+    """Bind this rank to cores as ``HORA_CPU_BIND`` says, where its threads fit them.
 
-    ``auto`` binds only when this rank's thread pools fit its slice: every
-    registered pool (``threads``, from :func:`_share_threads`) or, with none registered, the
+    ``crowded`` (the default) binds only on a host with more local ranks than cores: each rank
+    one core, the cores dealt out in turn (local rank ``i`` on core ``i % cores``). Left to
+    itself, the kernel runs three ranks on one core and one on the other for hundreds of
+    milliseconds at a time (a rank that ran a moment ago counts as cache-hot, and a woken rank
+    goes beside its waker): the lone rank's core then waits for the three, every round.
+    ``auto`` binds on any host: with a core or more per rank, each local rank its own slice
+    (``cores // local_size`` of them). ``none`` never binds.
+
+    A rank is bound only when its thread pools fit its slice: every registered pool
+    (``threads``, from :func:`_share_threads`) or, with none registered, the
     ``OMP_NUM_THREADS`` the process runs with, is at most the slice's size. A rank whose pools
     are larger than its slice would time-share its cores (measured on a two-core host: a CNN's
     step up to ten times slower, docs/settings.md), so it is left unbound. Binding keeps each
     rank's threads, and the DataLoader workers and other processes it starts afterwards, on
     its own cores, but it also keeps them from moving to a core that other work leaves idle,
-    which made training steps slower on a shared host (docs/settings.md): so it is opt-in.
-    Only done when nothing (mpirun, Slurm, taskset, the user) bound the process already, and
-    never to fewer cores than one per rank; an elastic job's later rounds bind again from the
-    cores the process had at first.
+    which made training steps slower on a shared host with a core per rank
+    (docs/settings.md): so ``auto`` is opt-in there. Only done when nothing (mpirun, Slurm,
+    taskset, the user) bound the process already; an elastic job's later rounds bind again
+    from the cores the process had at first.
     """
-    global _unbound
-    if mode.lower() not in ("auto", "none"):
+    global _unbound, _children_unbound
+    mode = mode.lower()
+    if mode not in CPU_BIND:
         raise ValueError(
-            f"HORA_CPU_BIND={mode!r} (or HOROVOD_CPU_BIND, hora run --cpu-bind): give 'none' "
-            "(the default: no binding) or 'auto' (each local rank its own slice of cores, "
-            "where its threads fit the slice)"
+            f"HORA_CPU_BIND={mode!r} (or HOROVOD_CPU_BIND, hora run --cpu-bind): give "
+            "'crowded' (the default: one core each where ranks outnumber cores, else no "
+            "binding), 'none' (no binding) or 'auto' (each local rank its own slice of "
+            "cores, where its threads fit the slice)"
         )
-    if cores is None or len(cores) < ident.local_size:
+    if not cores:
         return
-    per = len(cores) // ident.local_size
+    crowded = len(cores) < ident.local_size
+    per = 1 if crowded else len(cores) // ident.local_size
     if threads is None:
         omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
         threads = int(omp) if omp.isdigit() else None
     fits = threads is not None and threads <= per
-    if mode.lower() != "auto" or ident.local_size <= 1 or not fits:
+    binds = mode == "auto" or (mode == "crowded" and crowded)
+    if not binds or ident.local_size <= 1 or not fits:
         slice_ = set(cores)  # unbound (again, after an earlier round bound it)
+    elif crowded:
+        slice_ = {cores[ident.local_rank % len(cores)]}
     else:
         slice_ = set(cores[ident.local_rank * per:(ident.local_rank + 1) * per])
     if _unbound is None and slice_ == set(cores):
@@ -553,7 +569,20 @@ def _bind_cpus(ident: Identity, mode: str, cores: list[int] | None,
     for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), slice_)
+    _children_unbound = mode == "crowded"
     log.debug("local rank %d runs on cores %s", ident.local_rank, sorted(slice_))
+
+
+def _unbind_child() -> None:
+    """In a child forked from a rank bound because ranks outnumber cores (a DataLoader
+    worker): every core the rank had before, since the binding is for the ranks' own turns."""
+    if _children_unbound and _unbound is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, _unbound)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unbind_child)
 
 
 def _tag_rank(record: logging.LogRecord) -> bool:

@@ -69,7 +69,7 @@ def test_every_knob_default_is_valid() -> None:
         ({"HOROVOD_CYCLE_TIME": "-3"}, "HOROVOD_CYCLE_TIME=-3.0: must be >= 0"),
         ({"HOROVOD_CACHE_CAPACITY": "-2"}, "HOROVOD_CACHE_CAPACITY=-2: must be >= 0"),
         ({"HOROVOD_LOG_LEVEL": "LOUD"}, "expected one of TRACE, DEBUG, INFO, WARNING"),
-        ({"HORA_CPU_BIND": "foo"}, "HORA_CPU_BIND=foo: expected one of auto, none"),
+        ({"HORA_CPU_BIND": "foo"}, "HORA_CPU_BIND=foo: expected one of auto, crowded, none"),
         ({"HOROVOD_CONTROLLER": "zmq"}, "HOROVOD_CONTROLLER=zmq: expected one of"),
         ({"HOROVOD_GPU_OPERATIONS": "ddl"}, "DDL (IBM DDL) support is not built"),
         ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "0"}, "must be > 0"),

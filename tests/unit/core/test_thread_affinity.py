@@ -163,3 +163,60 @@ def test_ranks_with_a_core_each_poll_briefly_and_more_ranks_than_cores_yield_bet
     for n in (2, 4):
         want = (ROUND_SPIN_S, False) if cores >= n else (SHARED_SPIN_S, True)
         assert run_ranks(_spin_setting, n, timeout=50) == [want] * n, (n, cores)
+
+
+_CORES = sorted(os.sched_getaffinity(0))
+
+
+def _affinity_and_child(rank: int) -> tuple[list[int], list[int]]:
+    """This rank's cores after init(), and those of a child it forks then (a DataLoader
+    worker's)."""
+    import os
+
+    import hora
+
+    hora.init()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its cores, then out at once
+            os.write(write, ",".join(map(str, sorted(os.sched_getaffinity(0)))).encode())
+            os._exit(0)
+        os.close(write)
+        child = [int(c) for c in os.read(read, 4096).decode().split(",")]
+        os.close(read)
+        os.waitpid(pid, 0)
+        return sorted(os.sched_getaffinity(0)), child
+    finally:
+        hora.shutdown()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.skipif(
+    len(_CORES) != (os.cpu_count() or 0) or len(_CORES) > 3,
+    reason="needs an unbound process on at most three cores (one rank more than cores)",
+)
+@pytest.mark.parametrize(
+    ("env", "bound"),
+    [
+        ({"OMP_NUM_THREADS": "1"}, True),  # the default, crowded
+        ({"OMP_NUM_THREADS": "1", "HORA_CPU_BIND": "none"}, False),
+        ({"OMP_NUM_THREADS": "2"}, False),  # two threads would time-share one core
+    ],
+)
+def test_more_ranks_than_cores_take_one_core_each_in_turn(env: dict[str, str],
+                                                          bound: bool) -> None:  # fmt: skip
+    """Where ranks outnumber cores, the default deals the cores out, one to each rank, so that
+    the kernel never runs all but one rank on one core; not where binding is turned off, nor
+    where a rank's threads would have to share its core. A child a rank forks (a DataLoader
+    worker) gets every core back either way."""
+    if {"HORA_CPU_BIND", "HOROVOD_CPU_BIND"} & set(os.environ):
+        pytest.skip("the environment sets the CPU binding")
+    n = len(_CORES) + 1
+    got = run_ranks(_affinity_and_child, n, env=env, timeout=80)
+    ranks = [r for r, _ in got]
+    if bound:
+        assert ranks == [[_CORES[r % len(_CORES)]] for r in range(n)]
+    else:
+        assert ranks == [_CORES] * n
+    assert [c for _, c in got] == [_CORES] * n

@@ -240,7 +240,7 @@ def _hora_run(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int
 
 
 BAD = [
-    (["--cpu-bind", "foo"], {}, "--cpu-bind=foo: expected one of auto, none"),
+    (["--cpu-bind", "foo"], {}, "--cpu-bind=foo: expected one of auto, crowded, none"),
     (["--log-level", "LOUD"], {}, "--log-level=LOUD: expected one of TRACE, DEBUG, INFO"),
     (["--fusion-threshold-mb", "-5"], {}, "--fusion-threshold-mb=-5: must be >= 0"),
     (["--cycle-time-ms", "-3"], {}, "--cycle-time-ms=-3"),
