@@ -187,7 +187,7 @@ def stage(
 def host_view(tensor: torch.Tensor) -> np.ndarray | None:
     """``tensor``'s memory as the NumPy view :func:`stage` would make of it, where that is a
     view of a CPU tensor's own memory as it is (no copy, no dtype given apart); else None."""
-    if (tensor.device.type != "cpu" or tensor.layout is not torch.strided
+    if (not tensor.is_cpu or tensor.layout is not torch.strided  # is_cpu: a fifth of .device
             or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()):  # fmt: skip
         return None
     array, dtype = _numpy(tensor.detach() if tensor.requires_grad else tensor)
