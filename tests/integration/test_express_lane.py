@@ -394,6 +394,18 @@ def _torch_in_place(rank: int) -> dict[str, object]:
     z = torch.empty(300)
     step("new tensor", z, 10)
     seen["kept"] = (gone() is None, 0)
+    # a new tensor of the same kind each call (a metric made anew each step): the same call
+    before, ok = _express(), True
+    for _ in range(10):
+        fresh = torch.full((300,), rank + 1.0)
+        ok = ok and hvd.allreduce_(fresh, op=hvd.Sum, name="t") is fresh
+        ok = ok and bool(torch.all(fresh == total))
+    seen["fresh each call"] = (ok, _express() - before)
+    # another dtype under the name: another request, the usual way
+    other = torch.full((300,), rank + 1.0, dtype=torch.float64)
+    got = hvd.allreduce_(other, op=hvd.Sum, name="t")
+    seen["other dtype"] = (bool(torch.all(got == total)) and got.dtype == torch.float64,
+                           0)  # fmt: skip
     hvd.shutdown()
     return seen
 
@@ -402,13 +414,14 @@ def _torch_in_place(rank: int) -> dict[str, object]:
 @pytest.mark.parametrize("np_", [2, 3])
 def test_a_torch_tensor_reduced_in_place_again_takes_the_express_lane(np_: int) -> None:
     """``hora.torch.allreduce_`` of the same CPU tensor with the same keywords takes the
-    express lane through a view of the tensor's memory, writing the tensor itself; another
-    keyword goes the usual way, and a tensor that is not its own contiguous memory is reduced
-    through a copy all the same."""
+    express lane through a view of the tensor's memory, writing the tensor itself, as does a
+    new tensor of the same kind each call; another keyword goes the usual way, and a tensor
+    that is not its own contiguous memory is reduced through a copy all the same."""
     for seen in run_ranks(_torch_in_place, np_, timeout=90):
         assert all(right for right, _ in seen.values()), seen  # type: ignore[misc]
         taken = {k: e for k, (_, e) in seen.items()}  # type: ignore[misc]
         # the first calls of a request, and the first after another, go the usual way
         assert taken["again"] == 10 and taken["requires grad"] == 10, taken
-        assert taken["back"] >= 5 and taken["new tensor"] >= 5, taken
+        assert taken["back"] >= 5 and taken["new tensor"] == 10, taken
+        assert taken["fresh each call"] == 10, taken
         assert taken["priority"] == 0, taken

@@ -1,16 +1,18 @@
 """A blocking allreduce called again as before: the op surface's side of the express lane
 (:mod:`hora.core.express`).
 
-A loop calls ``hvd.allreduce(x, name=..., op=..., output=x)`` with the same arrays and the
-same keywords step after step (or, in :mod:`hora.torch`, ``hvd.allreduce_(t, ...)`` with the
-same tensors). Once such a call has gone the usual way and the engine's lane took it as the
-express lane takes it (:meth:`~hora.core.express.ExpressLane.expresses`), this thread
-remembers the call (:func:`remember`): the array or tensor (weakly: a call never keeps one
-alive), each keyword, and the request made. A next call of that object, its shape, dtype and
-layout unchanged, with the same keywords (the same objects; equal values for names, ops and
-factors) is that request again: :func:`again` claims its name and asks the engine to run it
-at once, with nothing to validate, name or build. Any other call goes the usual way, as does
-this one wherever the engine says no.
+A loop calls ``hvd.allreduce(x, name=..., op=..., output=x)`` with the same keywords step after
+step (or, in :mod:`hora.torch`, ``hvd.allreduce_(t, ...)``; or ``dist.all_reduce(t)``, which the
+group names alike for alike tensors), on the same arrays or on new ones of the same kind (a
+metric made anew each step). Once such a call has gone the usual way and the engine's lane
+took it as the express lane takes it (:meth:`~hora.core.express.ExpressLane.expresses`), this
+thread remembers the call by its name (:func:`remember`): the type, shape and dtype of what it
+reduced, each keyword, and the request made; never the array or tensor itself. A next call of
+that name on an array or tensor of that type, shape and dtype, laid out as one block, with the
+same keywords (the same objects; equal values for names, ops and factors) is that request
+again, as the op surface would find it (it reuses a named request by the same things):
+:func:`again` claims its name and asks the engine to run it at once, with nothing to validate,
+name or build. Any other call goes the usual way, as does this one wherever the engine says no.
 
 A tensor is reduced in place through a view of its memory that its framework makes each call
 (``view``: None where it has none to give, and the call goes the usual way).
@@ -36,7 +38,7 @@ MISSED = object()  # what :func:`again` gives for a call it did not run
 _BY_VALUE = {str, int, float, bool}  # keywords of these types are the same when equal (a name
 # made anew each call, f"grad.{i}"); any other only when the same object (a process set)
 CALLS_KEPT = 256  # the calls a thread remembers (then anew)
-_local = threading.local()  # .calls: this thread's calls to run again, by id(array)
+_local = threading.local()  # .calls: this thread's calls to run again, by name
 
 
 View = Callable[[Any], "np.ndarray | None"]  # a tensor's memory as NumPy (None: it has none)
@@ -44,7 +46,7 @@ View = Callable[[Any], "np.ndarray | None"]  # a tensor's memory as NumPy (None:
 
 @dataclass(frozen=True)
 class _Call:
-    obj: weakref.ref[Any]  # the array, or the tensor
+    kind: Any  # the array's type, or the tensor's
     kw: dict[str, Any]  # every keyword but output
     shape: tuple[int, ...]
     dtype: Any  # the array's (NumPy) or the tensor's
@@ -60,12 +62,10 @@ def again(obj: Any, kw: dict[str, Any], view: View | None = None) -> Any:
     the express lane where it is a call remembered; :data:`MISSED` where it was not run
     (nothing done: it goes the usual way). ``obj`` is an array, or a tensor reduced in place
     through ``view``."""
-    calls: dict[int, _Call] | None = getattr(_local, "calls", None)
-    call = calls.get(id(obj)) if calls else None
-    if call is None:
-        return MISSED
-    x = call.obj()
-    if x is None or x is not obj:
+    calls: dict[str, _Call] | None = getattr(_local, "calls", None)
+    name = kw.get("name")
+    call = calls.get(name) if calls and type(name) is str else None
+    if call is None or type(obj) is not call.kind:
         return MISSED
     if len(kw) - ("output" in kw) != len(call.kw):
         return MISSED
@@ -74,14 +74,14 @@ def again(obj: Any, kw: dict[str, Any], view: View | None = None) -> Any:
         if v is not was and k != "output" and (
                 type(v) not in _BY_VALUE or type(was) is not type(v) or v != was):
             return MISSED
-    if x.shape != call.shape or x.dtype != call.dtype:
-        return MISSED  # changed in place since (x.shape = ..., x.resize(...))
+    if obj.shape != call.shape or obj.dtype != call.dtype:
+        return MISSED
     if view is None:
-        array, out = x, kw.get("output")
-        if out is not (x if call.in_place else None) or not x.flags.c_contiguous:
+        array, out = obj, kw.get("output")
+        if out is not (obj if call.in_place else None) or not obj.flags.c_contiguous:
             return MISSED
     else:
-        array = out = view(x)
+        array = out = view(obj)
         if array is None:
             return MISSED
     rt = _rt.current()
@@ -114,10 +114,13 @@ def remember(obj: Any, kw: dict[str, Any], view: View | None = None) -> None:
     (:func:`submit.last_plain`: ``obj`` itself, or the memory ``view`` gives of it), with no
     output but the array itself and nothing to finalize, and the engine took it as the
     express lane does; else forget it."""
-    calls: dict[int, _Call] | None = getattr(_local, "calls", None)
-    if calls:
-        calls.pop(id(obj), None)
     plain = last_plain()
+    calls: dict[str, _Call] | None = getattr(_local, "calls", None)
+    name = kw.get("name")
+    if type(name) is not str:  # an unnamed call is named anew each time (never the same)
+        return
+    if calls:
+        calls.pop(name, None)
     if plain is None or kw.get("finalize") is not None:
         return
     x, req, ps_id = plain
@@ -132,9 +135,9 @@ def remember(obj: Any, kw: dict[str, Any], view: View | None = None) -> None:
         return
     if calls is None or len(calls) >= CALLS_KEPT:
         calls = _local.calls = {}
-    calls[id(obj)] = _Call(weakref.ref(obj), {k: v for k, v in kw.items() if k != "output"},
-                           obj.shape, obj.dtype, out is obj or view is not None, req, ps_id,
-                           (ps_id, req.match), weakref.ref(rt))
+    calls[name] = _Call(type(obj), {k: v for k, v in kw.items() if k != "output"}, obj.shape,
+                        obj.dtype, out is obj or view is not None, req, ps_id, (ps_id, req.match),
+                        weakref.ref(rt))  # fmt: skip
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray | None) -> bool:
