@@ -401,6 +401,14 @@ def _torch_in_place(rank: int) -> dict[str, object]:
         ok = ok and hvd.allreduce_(fresh, op=hvd.Sum, name="t") is fresh
         ok = ok and bool(torch.all(fresh == total))
     seen["fresh each call"] = (ok, _express() - before)
+    # hvd.allreduce where nothing is differentiated: a new tensor each call, the input kept
+    before, ok = _express(), True
+    for _ in range(10):
+        fresh = torch.full((300,), rank + 1.0)
+        got = hvd.allreduce(fresh, op=hvd.Sum, name="m")
+        ok = (ok and got is not fresh and got.dtype == fresh.dtype and got.shape == fresh.shape
+              and bool(torch.all(got == total)) and bool(torch.all(fresh == rank + 1.0)))
+    seen["new result"] = (ok, _express() - before)
     # another dtype under the name: another request, the usual way
     other = torch.full((300,), rank + 1.0, dtype=torch.float64)
     got = hvd.allreduce_(other, op=hvd.Sum, name="t")
@@ -415,13 +423,14 @@ def _torch_in_place(rank: int) -> dict[str, object]:
 def test_a_torch_tensor_reduced_in_place_again_takes_the_express_lane(np_: int) -> None:
     """``hora.torch.allreduce_`` of the same CPU tensor with the same keywords takes the
     express lane through a view of the tensor's memory, writing the tensor itself, as does a
-    new tensor of the same kind each call; another keyword goes the usual way, and a tensor
-    that is not its own contiguous memory is reduced through a copy all the same."""
+    new tensor of the same kind each call, and ``hvd.allreduce`` into a new tensor; another
+    keyword goes the usual way, and a tensor that is not its own contiguous memory is reduced
+    through a copy all the same."""
     for seen in run_ranks(_torch_in_place, np_, timeout=90):
         assert all(right for right, _ in seen.values()), seen  # type: ignore[misc]
         taken = {k: e for k, (_, e) in seen.items()}  # type: ignore[misc]
         # the first calls of a request, and the first after another, go the usual way
         assert taken["again"] == 10 and taken["requires grad"] == 10, taken
         assert taken["back"] >= 5 and taken["new tensor"] == 10, taken
-        assert taken["fresh each call"] == 10, taken
+        assert taken["fresh each call"] == 10 and taken["new result"] >= 5, taken
         assert taken["priority"] == 0, taken

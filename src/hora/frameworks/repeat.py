@@ -14,8 +14,9 @@ again, as the op surface would find it (it reuses a named request by the same th
 :func:`again` claims its name and asks the engine to run it at once, with nothing to validate,
 name or build. Any other call goes the usual way, as does this one wherever the engine says no.
 
-A tensor is reduced in place through a view of its memory that its framework makes each call
-(``view``: None where it has none to give, and the call goes the usual way).
+A tensor is reduced through a view of its memory that its framework makes each call (``view``:
+None where it has none to give, and the call goes the usual way): in place, or, ``fresh``, into
+a new array the framework wraps (a result apart from its input).
 """
 
 from __future__ import annotations
@@ -57,11 +58,11 @@ class _Call:
     rt: weakref.ref[Any]  # the runtime it ran in (hora.core.runtime.Runtime), weakly
 
 
-def again(obj: Any, kw: dict[str, Any], view: View | None = None) -> Any:
+def again(obj: Any, kw: dict[str, Any], view: View | None = None, fresh: bool = False) -> Any:
     """The result of this thread's blocking allreduce of ``obj`` with keywords ``kw``, run in
     the express lane where it is a call remembered; :data:`MISSED` where it was not run
-    (nothing done: it goes the usual way). ``obj`` is an array, or a tensor reduced in place
-    through ``view``."""
+    (nothing done: it goes the usual way). ``obj`` is an array, or a tensor reduced through
+    ``view``: in place, or, ``fresh``, into a new array (the result)."""
     calls: dict[str, _Call] | None = getattr(_local, "calls", None)
     name = kw.get("name")
     call = calls.get(name) if calls and type(name) is str else None
@@ -81,9 +82,12 @@ def again(obj: Any, kw: dict[str, Any], view: View | None = None) -> Any:
         if out is not (obj if call.in_place else None) or not obj.flags.c_contiguous:
             return MISSED
     else:
-        array = out = view(obj)
+        if call.in_place == fresh:
+            return MISSED
+        array = view(obj)
         if array is None:
             return MISSED
+        out = None if fresh else array
     rt = _rt.current()
     if rt is None:
         return MISSED
@@ -108,12 +112,13 @@ def _left(call: _Call, x: np.ndarray, out: np.ndarray | None) -> tuple[Handle, A
     return _held([call.key], [call.req], [x], [out], None, False)
 
 
-def remember(obj: Any, kw: dict[str, Any], view: View | None = None) -> None:
+def remember(obj: Any, kw: dict[str, Any], view: View | None = None,
+             fresh: bool = False) -> None:  # fmt: skip
     """After this thread's blocking allreduce of ``obj`` with ``kw`` went the usual way:
     remember it for :func:`again` where its request came from the named array as it is
     (:func:`submit.last_plain`: ``obj`` itself, or the memory ``view`` gives of it), with no
     output but the array itself and nothing to finalize, and the engine took it as the
-    express lane does; else forget it."""
+    express lane does; else forget it. ``fresh``: as :func:`again`'s."""
     plain = last_plain()
     calls: dict[str, _Call] | None = getattr(_local, "calls", None)
     name = kw.get("name")
@@ -135,8 +140,9 @@ def remember(obj: Any, kw: dict[str, Any], view: View | None = None) -> None:
         return
     if calls is None or len(calls) >= CALLS_KEPT:
         calls = _local.calls = {}
+    in_place = out is obj if view is None else not fresh
     calls[name] = _Call(type(obj), {k: v for k, v in kw.items() if k != "output"}, obj.shape,
-                        obj.dtype, out is obj or view is not None, req, ps_id, (ps_id, req.match),
+                        obj.dtype, in_place, req, ps_id, (ps_id, req.match),
                         weakref.ref(rt))  # fmt: skip
 
 

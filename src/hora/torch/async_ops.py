@@ -167,17 +167,29 @@ def allreduce_(
     priority: int = 0,
 ) -> torch.Tensor:
     """Reduce ``tensor`` in place and return it (not differentiable)."""
-    op = reduce_op(average, op)
+    return reduced(tensor, False, name, reduce_op(average, op), prescale_factor,
+                   postscale_factor, process_set, priority)  # fmt: skip
+
+
+def reduced(tensor: torch.Tensor, fresh: bool, name: str | None, op: int, prescale_factor: float,
+            postscale_factor: float, process_set: ProcessSet,
+            priority: int) -> torch.Tensor:  # fmt: skip
+    """A blocking allreduce of ``tensor``: in place (:func:`allreduce_`), or, ``fresh``, into a
+    new tensor (``hvd.allreduce`` where nothing is differentiated). A call made again as before
+    (the same name and keywords, a tensor of the same kind) takes the express lane
+    (:mod:`hora.frameworks.repeat`)."""
     kw = {"name": name, "op": op, "prescale_factor": prescale_factor,
           "postscale_factor": postscale_factor, "process_set": process_set,
           "priority": priority}  # fmt: skip
     with _AS_HOROVODS:
-        if repeat.again(tensor, kw, host_view) is not repeat.MISSED:  # the express lane
-            return tensor
-    got = blocking(allreduce_async_, tensor, None, name, op, prescale_factor,
-                   postscale_factor, process_set, priority=priority)  # fmt: skip
-    repeat.remember(tensor, kw, host_view)
-    return got  # type: ignore[no-any-return]
+        got = repeat.again(tensor, kw, host_view, fresh)
+    if got is not repeat.MISSED:
+        return to_tensor(got, tensor) if fresh else tensor
+    start = allreduce_async if fresh else allreduce_async_
+    out = blocking(start, tensor, None, name, op, prescale_factor, postscale_factor, process_set,
+                   priority=priority)  # fmt: skip
+    repeat.remember(tensor, kw, host_view, fresh)
+    return out  # type: ignore[no-any-return]
 
 
 def grouped_allreduce_async(

@@ -35,6 +35,7 @@ from hora.torch.async_ops import (
     grouped_allreduce_async,
     grouped_reducescatter_async,
     reduce_op,
+    reduced,
     reducescatter_async,
 )
 from hora.torch.compression import Compression, Compressor
@@ -75,9 +76,9 @@ def _allreduce_apply(tensor, average, name, op, pre, post, process_set, priority
     """HorovodAllreduce.apply, with hora's scheduling ``priority`` when it is not 0; the op
     alone where nothing is differentiated (autograd's ``Function.apply`` costs 3 us a call
     when it records nothing)."""
-    if not (tensor.requires_grad and torch.is_grad_enabled()):
-        return blocking(allreduce_async, tensor, None, name, reduce_op(average, op), pre, post,
-                        process_set, priority=priority)  # fmt: skip
+    if not (tensor.requires_grad and torch.is_grad_enabled()):  # as allreduce_, into a new one
+        return reduced(tensor, True, name, reduce_op(average, op), pre, post, process_set,
+                       priority)  # fmt: skip
     if priority:
         return _PrioritizedAllreduce.apply(
             tensor, average, name, op, pre, post, process_set, priority
