@@ -431,6 +431,7 @@ def test_a_torch_tensor_reduced_in_place_again_takes_the_express_lane(np_: int) 
         taken = {k: e for k, (_, e) in seen.items()}  # type: ignore[misc]
         # the first calls of a request, and the first after another, go the usual way
         assert taken["again"] == 10 and taken["requires grad"] == 10, taken
-        assert taken["back"] >= 5 and taken["new tensor"] == 10, taken
-        assert taken["fresh each call"] == 10 and taken["new result"] >= 5, taken
+        assert taken["back"] >= 5 and taken["new tensor"] >= 5, taken
+        # (a call that finds the engine's thread in its turn goes the usual way: not every one)
+        assert taken["fresh each call"] >= 5 and taken["new result"] >= 5, taken
         assert taken["priority"] == 0, taken

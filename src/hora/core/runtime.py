@@ -381,6 +381,7 @@ def shutdown(how: str | None = "called hvd.shutdown()") -> None:
             if ps is not global_process_set:
                 ps._unbind()
         rt.close(how)
+        _unbind_cpus()
 
 
 _uncaught: str | None = None  # "raised X: message" once an exception ends the main thread
@@ -566,11 +567,26 @@ def _bind_cpus(ident: Identity, mode: str, cores: list[int] | None,
         return  # never bound, nothing to undo
     if _unbound is None:
         _unbound = set(cores)
-    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(tid), slice_)
+    _set_cpus(slice_)
     _children_unbound = mode == "crowded"
     log.debug("local rank %d runs on cores %s", ident.local_rank, sorted(slice_))
+
+
+def _set_cpus(cores: set[int]) -> None:
+    """Every thread of this process on ``cores``."""
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cores)
+
+
+def _unbind_cpus() -> None:
+    """At shutdown: the cores the process had before :func:`_bind_cpus` bound it, back (a
+    process that goes on after hora, a Spark or Ray worker reused for other work, runs as it
+    did before; a later ``init()`` binds again)."""
+    global _unbound, _children_unbound
+    if _unbound is not None:
+        _set_cpus(_unbound)
+        _unbound, _children_unbound = None, False
 
 
 def _unbind_child() -> None:

@@ -168,9 +168,9 @@ def test_ranks_with_a_core_each_poll_briefly_and_more_ranks_than_cores_yield_bet
 _CORES = sorted(os.sched_getaffinity(0))
 
 
-def _affinity_and_child(rank: int) -> tuple[list[int], list[int]]:
-    """This rank's cores after init(), and those of a child it forks then (a DataLoader
-    worker's)."""
+def _affinity_and_child(rank: int) -> tuple[list[int], list[int], list[int]]:
+    """This rank's cores after init(), those of a child it forks then (a DataLoader worker's),
+    and its cores after shutdown()."""
     import os
 
     import hora
@@ -186,9 +186,10 @@ def _affinity_and_child(rank: int) -> tuple[list[int], list[int]]:
         child = [int(c) for c in os.read(read, 4096).decode().split(",")]
         os.close(read)
         os.waitpid(pid, 0)
-        return sorted(os.sched_getaffinity(0)), child
+        mine = sorted(os.sched_getaffinity(0))
     finally:
         hora.shutdown()
+    return mine, child, sorted(os.sched_getaffinity(0))
 
 
 @pytest.mark.timeout(90)
@@ -209,14 +210,15 @@ def test_more_ranks_than_cores_take_one_core_each_in_turn(env: dict[str, str],
     """Where ranks outnumber cores, the default deals the cores out, one to each rank, so that
     the kernel never runs all but one rank on one core; not where binding is turned off, nor
     where a rank's threads would have to share its core. A child a rank forks (a DataLoader
-    worker) gets every core back either way."""
+    worker) gets every core back either way, as does the rank at shutdown()."""
     if {"HORA_CPU_BIND", "HOROVOD_CPU_BIND"} & set(os.environ):
         pytest.skip("the environment sets the CPU binding")
     n = len(_CORES) + 1
     got = run_ranks(_affinity_and_child, n, env=env, timeout=80)
-    ranks = [r for r, _ in got]
+    ranks = [r for r, _, _ in got]
     if bound:
         assert ranks == [[_CORES[r % len(_CORES)]] for r in range(n)]
     else:
         assert ranks == [_CORES] * n
-    assert [c for _, c in got] == [_CORES] * n
+    assert [c for _, c, _ in got] == [_CORES] * n
+    assert [after for _, _, after in got] == [_CORES] * n
