@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from hora.core.runtime import register_thread_hook
+from hora.core.placement import register_thread_hook
 
 _set_here: int | None = None  # the size this hook gave the pool last
 

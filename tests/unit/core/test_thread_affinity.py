@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from harness import run_ranks
-from hora.core.runtime import ROUND_SPIN_S, SHARED_SPIN_S, engine_core
+from hora.core.placement import engine_core
+from hora.core.runtime import ROUND_SPIN_S, SHARED_SPIN_S
 from hora.identity import Identity
 
 
@@ -100,11 +101,11 @@ def test_cpu_bind_auto_gives_each_local_rank_its_own_cores() -> None:
 
 
 def test_an_unknown_cpu_bind_value_is_refused() -> None:
-    from hora.core.runtime import _bind_cpus
+    from hora.core.placement import bind_cpus
 
     with pytest.raises(ValueError, match="HORA_CPU_BIND='yes'.*'none'.*'auto'"):
-        _bind_cpus(_ident(0, 2), "yes", [0, 1], 1)
-    _bind_cpus(_ident(0, 1), "NONE", [0, 1], 1)  # case does not matter; nothing to do
+        bind_cpus(_ident(0, 2), "yes", [0, 1], 1)
+    bind_cpus(_ident(0, 1), "NONE", [0, 1], 1)  # case does not matter; nothing to do
 
 
 def test_a_process_bound_by_its_launcher_keeps_the_cores_it_was_given(
@@ -112,7 +113,7 @@ def test_a_process_bound_by_its_launcher_keeps_the_cores_it_was_given(
 ) -> None:
     """mpirun or Slurm gave this rank 4 of a host's 64 cores: its pools get those 4, not a
     share of the whole host (nor 1)."""
-    from hora.core import runtime as rt
+    from hora.core import placement as rt
 
     asked: list[int] = []
     def hook(share: int) -> tuple[int, bool]:
@@ -123,8 +124,8 @@ def test_a_process_bound_by_its_launcher_keeps_the_cores_it_was_given(
     monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {8, 9, 10, 11})
     ident = Identity(rank=1, size=16, local_rank=1, local_size=16, cross_rank=0, cross_size=1,
                      hostname="h")  # fmt: skip
-    assert rt._share_threads(ident, None) == 4
-    assert rt._share_threads(ident, list(range(64))) == 4  # unbound: 64 cores / 16 ranks
+    assert rt.share_threads(ident, None) == 4
+    assert rt.share_threads(ident, list(range(64))) == 4  # unbound: 64 cores / 16 ranks
     assert asked == [4, 4]
 
 
@@ -133,15 +134,15 @@ def test_a_caller_polls_for_round_headers_only_where_each_local_rank_has_a_core(
 ) -> None:
     """Polling without sleeping takes a core; where the ranks share cores it would take one
     from the rank being waited for."""
-    from hora.core import runtime as rt
+    from hora.core import placement as rt
 
-    assert rt._core_each(_ident(0, 2), [0, 1])
-    assert not rt._core_each(_ident(0, 4), [0, 1])
+    assert rt.core_each(_ident(0, 2), [0, 1])
+    assert not rt.core_each(_ident(0, 4), [0, 1])
     # bound by a launcher: only the cores it was bound to count
     monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {3})
-    assert not rt._core_each(_ident(0, 2), None)
+    assert not rt.core_each(_ident(0, 2), None)
     monkeypatch.setattr(rt.os, "sched_getaffinity", lambda pid: {2, 3})
-    assert rt._core_each(_ident(1, 2), None)
+    assert rt.core_each(_ident(1, 2), None)
 
 
 def _spin_setting(rank: int) -> tuple[float, bool]:
