@@ -130,10 +130,7 @@ class Mailboxes:
         for other in self._theirs:
             if other[COUNT_WORD] < count and not self._looked(count, look_s, yielding):
                 return count, None
-        for theirs in lane.heads[k]:
-            if theirs != head:  # the same bytes where the member posted the lane's header
-                return count, None
-        return count, lane.inputs[k]
+        return count, self.lane_inputs(lane, count, head)
 
     def _looked(self, count: int, look_s: float, yielding: bool) -> bool:
         """Whether every other member posts its post ``count`` within ``look_s`` seconds,
@@ -147,14 +144,16 @@ class Mailboxes:
             if time.perf_counter() >= until:
                 return False
 
-    def lane_inputs(self, lane: Lane, count: int) -> list[np.ndarray | None] | None:
+    def lane_inputs(self, lane: Lane, count: int,
+                    head: bytes | None = None) -> list[np.ndarray | None] | None:  # fmt: skip
         """Every member's inputs where they lie (None at this member's place) when every
-        other member's post ``count``, posted (:meth:`posted`), is ``lane``'s; else None
+        other member's post ``count``, posted (:meth:`posted`), is ``lane``'s (its head the
+        same bytes as ``head``, the post's head where the caller made it already); else None
         (:meth:`take` then says what they posted)."""
         k = count & 1
-        want = _COUNT.pack(count) + lane.tail
-        for head in lane.heads[k]:
-            if head != want:
+        want = _COUNT.pack(count) + lane.tail if head is None else head
+        for theirs in lane.heads[k]:
+            if theirs != want:
                 return None
         return lane.inputs[k]
 
